@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Command-line arguments of the `vhost-user-crypto` daemon.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use crate::daemon::Config;
+use crate::frontend_proxy::AbiChoice;
+use crate::request::RequestLimits;
+use crate::session_msg::SessionAbi;
+
+/// Layout of the CREATE_CRYPTO_SESSION payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SessionAbiArg {
+    /// Detect from size and content.
+    Auto,
+    /// 632 bytes with op_code (QEMU ≤ 7.0, DPDK ≤ 24.11).
+    A,
+    /// 632 bytes without op_code (QEMU 7.1–8.0, e.g. Debian 12's 7.2).
+    B,
+    /// 1072 bytes (QEMU ≥ 8.1, DPDK ≥ 25.03).
+    C,
+}
+
+/// vhost-user backend for the virtio-crypto device (AES-CBC).
+///
+/// Serves one frontend (QEMU's `-object cryptodev-vhost-user`) at a time on
+/// a Unix socket, and accepts the next one with fresh state after a
+/// disconnect. Logging is controlled with RUST_LOG (default: info).
+#[derive(Debug, Parser)]
+#[command(name = "vhost-user-crypto", version)]
+pub struct Args {
+    /// Unix socket to listen on; a stale socket file is replaced, one in use is refused.
+    #[arg(long, value_name = "PATH")]
+    pub socket_path: PathBuf,
+
+    /// Number of data queues (QEMU: the cryptodev-vhost-user `queues=` property).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub queues: u16,
+
+    /// Most sessions live at once on a connection; past it CREATE gets a negative id.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_sessions: u32,
+
+    /// Largest cipher request (src_data_len) in bytes; larger requests complete with ERR.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(16..))]
+    pub max_request_bytes: u32,
+
+    /// Layout of CREATE_CRYPTO_SESSION payloads.
+    #[arg(long, value_enum, default_value_t = SessionAbiArg::Auto)]
+    pub session_abi: SessionAbiArg,
+}
+
+impl From<Args> for Config {
+    fn from(a: Args) -> Self {
+        Config {
+            socket_path: a.socket_path,
+            queues: usize::from(a.queues),
+            max_sessions: a.max_sessions as usize,
+            limits: RequestLimits { max_request_bytes: a.max_request_bytes },
+            session_abi: match a.session_abi {
+                SessionAbiArg::Auto => AbiChoice::Auto,
+                SessionAbiArg::A => AbiChoice::Fixed(SessionAbi::A),
+                SessionAbiArg::B => AbiChoice::Fixed(SessionAbi::B),
+                SessionAbiArg::C => AbiChoice::Fixed(SessionAbi::C),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let c: Config = Args::parse_from(["x", "--socket-path", "/tmp/s"]).into();
+        assert_eq!(c.queues, 1);
+        assert_eq!(c.max_sessions, 1024);
+        assert_eq!(c.limits.max_request_bytes, 1 << 20);
+        assert_eq!(c.session_abi, AbiChoice::Auto);
+    }
+
+    #[test]
+    fn overrides_and_bad_values() {
+        let c: Config = Args::parse_from([
+            "x", "--socket-path", "/s", "--queues", "4", "--max-sessions", "8",
+            "--max-request-bytes", "4096", "--session-abi", "b",
+        ])
+        .into();
+        assert_eq!((c.queues, c.max_sessions), (4, 8));
+        assert_eq!(c.session_abi, AbiChoice::Fixed(SessionAbi::B));
+        assert!(Args::try_parse_from(["x", "--socket-path", "/s", "--queues", "0"]).is_err());
+        assert!(Args::try_parse_from(["x", "--socket-path", "/s", "--session-abi", "d"]).is_err());
+        assert!(Args::try_parse_from(["x"]).is_err());
+    }
+}

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The `vhost-user-backend` device implementation: feature bits, memory,
+//! and one worker thread per data queue running [`QueueWorker`].
+
+use std::io;
+use std::sync::{Arc, Mutex, RwLock};
+
+use log::{debug, warn};
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+
+use crate::queue::{QueueWorker, RingAddrs};
+use crate::request::{GuestMemory_, RequestLimits, MAX_QUEUE_SIZE};
+use crate::sessions::SessionTable;
+
+/// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30).
+pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// `VIRTIO_F_NOTIFY_ON_EMPTY` (bit 24), offered as DPDK's vhost-crypto does.
+pub const VIRTIO_F_NOTIFY_ON_EMPTY: u64 = 1 << 24;
+
+/// Virtio features the backend offers (protocol reference §2.3: QEMU acks
+/// only bit 30 for this device; other frontends may ack the ring features).
+pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | VIRTIO_F_NOTIFY_ON_EMPTY
+    | VHOST_USER_F_PROTOCOL_FEATURES;
+
+/// The virtio-crypto device backend for one frontend connection.
+pub struct CryptoBackend {
+    queues: usize,
+    mem: RwLock<Option<GuestMemoryAtomic<GuestMemory_>>>,
+    workers: Vec<Mutex<QueueWorker>>,
+    exit: Vec<(EventConsumer, EventNotifier)>,
+}
+
+impl CryptoBackend {
+    /// A backend with one data queue per table in `tables`.
+    ///
+    /// # Errors
+    /// Creating the exit eventfds failed.
+    pub fn new(tables: Vec<SessionTable>, limits: RequestLimits) -> io::Result<Self> {
+        let queues = tables.len();
+        let workers = tables
+            .into_iter()
+            .map(|t| Mutex::new(QueueWorker::new(t, limits)))
+            .collect();
+        let exit = (0..queues)
+            .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(CryptoBackend { queues, mem: RwLock::new(None), workers, exit })
+    }
+
+    /// Requests completed on each queue so far.
+    pub fn completed(&self) -> Vec<u64> {
+        self.workers
+            .iter()
+            .map(|w| w.lock().map(|w| w.completed).unwrap_or(0))
+            .collect()
+    }
+
+    fn process_vring(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
+        let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) else {
+            warn!("kick on queue {queue} before SET_MEM_TABLE");
+            return Ok(());
+        };
+        let mem = atomic.memory();
+        // A poisoned lock means an earlier batch panicked; the worker state
+        // is still consistent (it holds no partial updates), so carry on.
+        let mut worker = self.workers[queue].lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = vring.get_mut();
+        let q = state.get_queue_mut();
+        if !q.ready() {
+            return Ok(());
+        }
+        let addrs = RingAddrs { size: q.size(), desc: q.desc_table(), avail: q.avail_ring(), used: q.used_ring() };
+        let mut next_avail = q.next_avail();
+        let mut next_used = q.next_used();
+        let r = worker.process(&mem, addrs, &mut next_avail, &mut next_used);
+        q.set_next_avail(next_avail);
+        q.set_next_used(next_used);
+        if r.completed > 0 {
+            // One notification per batch; the backend cannot know whether
+            // the guest suppressed it (protocol reference §8), so always.
+            if let Err(e) = state.signal_used_queue() {
+                warn!("queue {queue}: signalling the call eventfd failed: {e}");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VhostUserBackend for CryptoBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock;
+
+    fn num_queues(&self) -> usize {
+        self.queues
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(MAX_QUEUE_SIZE)
+    }
+
+    fn features(&self) -> u64 {
+        FEATURES
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::CRYPTO_SESSION
+            | VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        // avail_event is kept current whatever the frontend says (see queue.rs).
+        debug!("frontend says EVENT_IDX = {enabled}");
+    }
+
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemory_>) -> io::Result<()> {
+        if let Ok(mut m) = self.mem.write() {
+            *m = Some(mem);
+        }
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // One worker thread per data queue.
+        (0..self.queues).map(|q| 1u64 << q).collect()
+    }
+
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        let (c, n) = self.exit.get(thread_index)?;
+        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[VringRwLock],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            warn!("unexpected event set {evset:?} on thread {thread_id}");
+            return Ok(());
+        }
+        // Each thread owns exactly one queue: its index is the thread index.
+        match vrings.get(usize::from(device_event)) {
+            Some(vring) if thread_id < self.queues => self.process_vring(thread_id, vring),
+            _ => {
+                warn!("event {device_event} on thread {thread_id} matches no queue");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Shared handle type used by the daemon.
+pub type SharedBackend = Arc<CryptoBackend>;

@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The daemon: listens on the frontend socket and serves one frontend at a
+//! time, each with fresh device state (sessions, rings, memory).
+//!
+//! Per connection, `vhost-user-backend` serves the vhost-user protocol on a
+//! private socket whose other end is held by the frontend compatibility
+//! layer ([`crate::frontend_proxy`]), which talks to the real frontend.
+
+use std::io;
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use log::{error, info};
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::GuestMemoryAtomic;
+
+use crate::backend::CryptoBackend;
+use crate::frontend_proxy::{self, AbiChoice};
+use crate::request::{GuestMemory_, RequestLimits};
+use crate::sessions::session_set;
+
+/// Daemon configuration (from the command line).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Frontend socket path.
+    pub socket_path: PathBuf,
+    /// Number of data queues.
+    pub queues: usize,
+    /// Most live sessions per connection.
+    pub max_sessions: usize,
+    /// Per-request limits.
+    pub limits: RequestLimits,
+    /// CREATE payload layout.
+    pub session_abi: AbiChoice,
+}
+
+/// Host-side failures (guest errors never get here).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Another process is listening on the socket.
+    #[error("socket {0} is in use by another process")]
+    SocketInUse(PathBuf),
+    /// The path exists and is not a socket.
+    #[error("{0} exists and is not a socket")]
+    NotASocket(PathBuf),
+    /// Binding or accepting failed.
+    #[error("socket {0}: {1}")]
+    Socket(PathBuf, io::Error),
+    /// Setting up the per-connection backend failed.
+    #[error("cannot set up the backend: {0}")]
+    Backend(String),
+}
+
+/// Binds the frontend socket, replacing a stale socket file and refusing
+/// one another process still listens on.
+///
+/// # Errors
+/// [`Error::SocketInUse`], [`Error::NotASocket`], [`Error::Socket`].
+pub fn bind_listener(path: &Path) -> Result<UnixListener, Error> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => return Err(Error::NotASocket(path.into())),
+        Ok(_) => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(Error::SocketInUse(path.into()));
+            }
+            std::fs::remove_file(path).map_err(|e| Error::Socket(path.into(), e))?;
+        }
+        Err(_) => {}
+    }
+    UnixListener::bind(path).map_err(|e| Error::Socket(path.into(), e))
+}
+
+/// Accepts one frontend and serves it until it disconnects.
+///
+/// # Errors
+/// Host-side failures setting up the connection.
+pub fn serve_one(listener: &UnixListener, config: &Config) -> Result<(), Error> {
+    let (frontend, _) = listener
+        .accept()
+        .map_err(|e| Error::Socket(config.socket_path.clone(), e))?;
+    info!("frontend connected");
+    serve_stream(frontend, config)
+}
+
+/// Serves one already-connected frontend until it disconnects.
+///
+/// # Errors
+/// Host-side failures setting up the connection.
+pub fn serve_stream(frontend: UnixStream, config: &Config) -> Result<(), Error> {
+    let be = |e: &dyn std::fmt::Display| Error::Backend(e.to_string());
+    let (registry, tables) = session_set(config.max_sessions, config.queues);
+    let backend = Arc::new(CryptoBackend::new(tables, config.limits).map_err(|e| be(&e))?);
+    let mut daemon = VhostUserDaemon::new(
+        "vhost-user-crypto".into(),
+        backend.clone(),
+        GuestMemoryAtomic::new(GuestMemory_::default()),
+    )
+    .map_err(|e| be(&e))?;
+
+    // The library accepts its end on a private socket in a 0700 directory;
+    // we connect first, so the connection it accepts is ours.
+    let dir = tempfile::Builder::new()
+        .prefix("vhost-user-crypto.")
+        .tempdir()
+        .map_err(|e| be(&e))?;
+    let inner_path = dir.path().join("backend.sock");
+    let inner = UnixListener::bind(&inner_path).map_err(|e| be(&e))?;
+    let ours = UnixStream::connect(&inner_path).map_err(|e| be(&e))?;
+    let mut listener = Listener::from(inner);
+    daemon.start(&mut listener).map_err(|e| be(&e))?;
+    drop(listener);
+    drop(dir);
+
+    if let Err(e) = frontend_proxy::run(frontend, ours, registry, config.session_abi, config.queues) {
+        info!("frontend connection ended: {e}");
+    }
+    if let Err(e) = daemon.wait() {
+        info!("vhost-user handler ended: {e}");
+    }
+    info!("completed requests per queue: {:?}", backend.completed());
+    // Dropping the daemon stops the queue worker threads; dropping the
+    // backend (last reference) drops the session tables, zeroizing keys.
+    drop(daemon);
+    Ok(())
+}
+
+/// Runs the daemon forever: bind, then serve frontends one after another.
+///
+/// # Errors
+/// Binding the socket failed.
+pub fn run(config: &Config) -> Result<(), Error> {
+    let listener = bind_listener(&config.socket_path)?;
+    info!("listening on {}", config.socket_path.display());
+    loop {
+        if let Err(e) = serve_one(&listener, config) {
+            error!("{e}");
+        }
+    }
+}

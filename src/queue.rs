@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Split-virtqueue processing for the data queues (VIRTIO 1.2 §2.7).
+//!
+//! One batch: read the avail index once, walk and execute every new chain,
+//! write the used elements, publish the used index with one store, then
+//! publish `avail_event` and look again before sleeping. The caller signals
+//! the call eventfd once per batch that completed anything.
+//!
+//! The backend is never told whether the guest negotiated
+//! `VIRTIO_RING_F_EVENT_IDX` (QEMU's cryptodev-vhost-user only sends
+//! `SET_FEATURES` = `VHOST_USER_F_PROTOCOL_FEATURES`, protocol reference §8),
+//! so `avail_event` is always kept current: a guest that uses it keeps
+//! kicking, one that does not ignores it.
+//!
+//! Ring memory is translated once per batch. Ring fields are read with
+//! volatile or atomic accesses, each exactly once.
+
+use std::sync::atomic::{fence, AtomicU16, Ordering};
+
+use log::{debug, error};
+
+use crate::request::{
+    map_contiguous, process_request, ChainWalker, GuestMemory_, RequestLimits, DESC_SIZE, MAX_QUEUE_SIZE,
+};
+use crate::sessions::SessionTable;
+
+/// Guest-physical layout of a split ring, as set by the frontend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingAddrs {
+    /// Number of entries (a power of two, 1..=32768).
+    pub size: u16,
+    /// Descriptor table address (16-byte aligned).
+    pub desc: u64,
+    /// Available ring address (2-byte aligned).
+    pub avail: u64,
+    /// Used ring address (4-byte aligned).
+    pub used: u64,
+}
+
+/// Why a queue was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    /// Size not a power of two in 1..=32768.
+    #[error("invalid queue size {0}")]
+    InvalidSize(u16),
+    /// A ring area is misaligned or not mapped in one piece.
+    #[error("ring memory not mapped or misaligned")]
+    BadRingMemory,
+    /// The avail index moved more than the queue size past the last seen one.
+    #[error("avail index {avail} is {ahead} entries ahead of {next_avail} on a queue of {size}")]
+    AvailIndexJump {
+        /// Avail index read.
+        avail: u16,
+        /// Next avail index expected.
+        next_avail: u16,
+        /// How far ahead.
+        ahead: u16,
+        /// Queue size.
+        size: u16,
+    },
+}
+
+/// Per-queue worker: session table and reusable scratch.
+#[derive(Debug)]
+pub struct QueueWorker {
+    /// The sessions this queue can use.
+    pub sessions: SessionTable,
+    walker: ChainWalker,
+    limits: RequestLimits,
+    stopped: Option<RingAddrs>,
+    /// Requests completed on this queue.
+    pub completed: u64,
+}
+
+struct Ring {
+    size: u16,
+    desc: *const u8,
+    avail: *mut u8,
+    used: *mut u8,
+}
+
+impl Ring {
+    fn map(mem: &GuestMemory_, a: RingAddrs) -> Result<Ring, QueueError> {
+        if a.size == 0 || a.size > MAX_QUEUE_SIZE || !a.size.is_power_of_two() {
+            return Err(QueueError::InvalidSize(a.size));
+        }
+        if a.desc % 16 != 0 || a.avail % 2 != 0 || a.used % 4 != 0 {
+            return Err(QueueError::BadRingMemory);
+        }
+        let n = usize::from(a.size);
+        let desc = map_contiguous(mem, a.desc, n * DESC_SIZE).ok_or(QueueError::BadRingMemory)?;
+        let avail = map_contiguous(mem, a.avail, 6 + 2 * n).ok_or(QueueError::BadRingMemory)?;
+        let used = map_contiguous(mem, a.used, 6 + 8 * n).ok_or(QueueError::BadRingMemory)?;
+        Ok(Ring { size: a.size, desc, avail, used })
+    }
+
+    fn avail_idx(&self) -> u16 {
+        // SAFETY: avail is mapped for 6 + 2n bytes and 2-byte aligned (the
+        // mmap base is page aligned and the GPA is checked); byte 2 holds idx.
+        unsafe { AtomicU16::from_ptr(self.avail.add(2) as *mut u16) }.load(Ordering::Acquire).to_le()
+    }
+
+    fn avail_entry(&self, i: u16) -> u16 {
+        let slot = usize::from(i & (self.size - 1));
+        // SAFETY: slot < size, so 4 + 2*slot + 2 <= 6 + 2n mapped bytes.
+        u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(4 + 2 * slot) as *const u16) })
+    }
+
+    fn put_used(&self, i: u16, id: u32, len: u32) {
+        let slot = usize::from(i & (self.size - 1));
+        // SAFETY: slot < size, so the 8-byte element at 4 + 8*slot lies in
+        // the 6 + 8n mapped, 4-aligned used ring.
+        unsafe {
+            let p = self.used.add(4 + 8 * slot);
+            std::ptr::write_volatile(p as *mut u32, id.to_le());
+            std::ptr::write_volatile(p.add(4) as *mut u32, len.to_le());
+        }
+    }
+
+    fn publish_used_idx(&self, idx: u16) {
+        // SAFETY: byte 2 of the mapped, 4-aligned used ring.
+        unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }.store(idx.to_le(), Ordering::Release);
+    }
+
+    fn set_avail_event(&self, idx: u16) {
+        // SAFETY: avail_event is the u16 after the n used elements, inside
+        // the 6 + 8n mapped bytes, 2-aligned.
+        unsafe { AtomicU16::from_ptr(self.used.add(4 + 8 * usize::from(self.size)) as *mut u16) }
+            .store(idx.to_le(), Ordering::Release);
+    }
+}
+
+/// Result of one call to [`QueueWorker::process`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchResult {
+    /// Chains put on the used ring.
+    pub completed: u32,
+}
+
+impl QueueWorker {
+    /// A worker using `sessions`, applying `limits` to every request.
+    pub fn new(sessions: SessionTable, limits: RequestLimits) -> Self {
+        QueueWorker {
+            sessions,
+            walker: ChainWalker::new(),
+            limits,
+            stopped: None,
+            completed: 0,
+        }
+    }
+
+    /// Processes everything available on the ring, updating `next_avail`
+    /// and `next_used`. A ring that is broken (bad size or memory, or an
+    /// avail index that jumped past the queue size) is stopped: logged once,
+    /// never processed again until the frontend sets it up anew.
+    pub fn process(
+        &mut self,
+        mem: &GuestMemory_,
+        addrs: RingAddrs,
+        next_avail: &mut u16,
+        next_used: &mut u16,
+    ) -> BatchResult {
+        if self.stopped == Some(addrs) {
+            return BatchResult::default();
+        }
+        self.stopped = None;
+        match self.run(mem, addrs, next_avail, next_used) {
+            Ok(r) => r,
+            Err((e, r)) => {
+                error!("data queue stopped: {e}");
+                self.stopped = Some(addrs);
+                r
+            }
+        }
+    }
+
+    fn run(
+        &mut self,
+        mem: &GuestMemory_,
+        addrs: RingAddrs,
+        next_avail: &mut u16,
+        next_used: &mut u16,
+    ) -> Result<BatchResult, (QueueError, BatchResult)> {
+        let mut result = BatchResult::default();
+        let ring = Ring::map(mem, addrs).map_err(|e| (e, result))?;
+        loop {
+            self.sessions.sync();
+            let avail = ring.avail_idx();
+            let ahead = avail.wrapping_sub(*next_avail);
+            if ahead > ring.size {
+                return Err((
+                    QueueError::AvailIndexJump { avail, next_avail: *next_avail, ahead, size: ring.size },
+                    result,
+                ));
+            }
+            while *next_avail != avail {
+                let head = ring.avail_entry(*next_avail);
+                // SAFETY: the descriptor table is mapped for `size` entries
+                // and `mem` (borrowed for this call) keeps it mapped.
+                unsafe { self.walker.walk(mem, ring.desc, ring.size, head) };
+                if let Some(f) = self.walker.fault() {
+                    debug!("malformed descriptor chain at head {head}: {f:?}");
+                }
+                let c = process_request(&self.walker, &self.sessions, self.limits);
+                ring.put_used(*next_used, u32::from(head), c.used_len);
+                *next_used = next_used.wrapping_add(1);
+                *next_avail = next_avail.wrapping_add(1);
+                result.completed += 1;
+            }
+            if result.completed > 0 {
+                // Used elements before the index (Release in the store).
+                ring.publish_used_idx(*next_used);
+            }
+            ring.set_avail_event(avail);
+            // The avail_event store must be visible before we re-read the
+            // avail index, or a kick could be lost (driver/device race of
+            // VIRTIO 1.2 §2.7.10).
+            fence(Ordering::SeqCst);
+            if ring.avail_idx() == avail {
+                break;
+            }
+        }
+        self.completed += u64::from(result.completed);
+        Ok(result)
+    }
+}

@@ -1,0 +1,604 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Descriptor-chain walking and request parsing.
+//!
+//! A virtio-crypto data request (VIRTIO 1.2 §5.9.7.2, protocol reference
+//! §3.3) is two byte streams, whatever the descriptor layout:
+//!
+//! * device-readable: header (72 bytes) | IV (`iv_len`) | src (`src_data_len`) | …
+//! * device-writable: dst (`dst_data_len`) | … | status (the **last** writable byte)
+//!
+//! [`ChainWalker::walk`] follows one descriptor chain (direct, or ending in
+//! an indirect table), copying each descriptor out of guest memory once and
+//! translating each non-empty buffer into host segments before anything is
+//! written. [`process_request`] then validates the request against the bytes
+//! actually present and runs the cipher directly on the mapped guest memory.
+//!
+//! Status policy (`hostile-guest-cases.md`): the first failing check decides,
+//! in this order — header readable (else ERR if a status byte exists, else
+//! the chain is consumed with used length 0) → opcode and op_type supported
+//! (else NOTSUPP) → session known (else INVSESS) → everything else (ERR).
+
+use std::ptr;
+
+use algorithms::{AesCbcKey, CbcStream, Direction};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
+
+use crate::sessions::SessionTable;
+use crate::wire::{
+    OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC,
+    VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
+
+/// Guest memory type used by the daemon (no dirty-page bitmap).
+pub type GuestMemory_ = GuestMemoryMmap<()>;
+
+/// `VRING_DESC_F_NEXT` (VIRTIO 1.2 §2.7.5).
+pub const VRING_DESC_F_NEXT: u16 = 1;
+/// `VRING_DESC_F_WRITE`.
+pub const VRING_DESC_F_WRITE: u16 = 2;
+/// `VRING_DESC_F_INDIRECT`.
+pub const VRING_DESC_F_INDIRECT: u16 = 4;
+/// Size of one split-ring descriptor.
+pub const DESC_SIZE: usize = 16;
+/// Largest queue size a split ring may have (VIRTIO 1.2 §2.7).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// Host segments kept per direction per request; a chain needing more is
+/// malformed for this device (Linux uses a few dozen at most).
+pub const MAX_SEGMENTS: usize = 1024;
+/// AES-CBC IV length the device accepts.
+pub const IV_LEN: u32 = 16;
+
+/// A mapped piece of guest memory.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment {
+    ptr: *mut u8,
+    len: usize,
+}
+
+/// A split-ring descriptor, copied out of guest memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Desc {
+    /// Guest-physical buffer address.
+    pub addr: u64,
+    /// Buffer length in bytes.
+    pub len: u32,
+    /// `VRING_DESC_F_*` flags.
+    pub flags: u16,
+    /// Next descriptor index when `VRING_DESC_F_NEXT` is set.
+    pub next: u16,
+}
+
+impl Desc {
+    /// Decodes a descriptor from its 16 little-endian bytes.
+    pub fn from_bytes(b: [u8; DESC_SIZE]) -> Self {
+        Desc {
+            addr: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            len: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            flags: u16::from_le_bytes([b[12], b[13]]),
+            next: u16::from_le_bytes([b[14], b[15]]),
+        }
+    }
+
+    /// Encodes a descriptor (tests and the replay tool).
+    pub fn to_bytes(&self) -> [u8; DESC_SIZE] {
+        let mut b = [0u8; DESC_SIZE];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..14].copy_from_slice(&self.flags.to_le_bytes());
+        b[14..16].copy_from_slice(&self.next.to_le_bytes());
+        b
+    }
+}
+
+/// Why a chain is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainFault {
+    /// A `next` or head index outside the table.
+    BadIndex,
+    /// More descriptors than the table holds (a `next` loop).
+    TooLong,
+    /// An indirect descriptor inside an indirect table, or with NEXT set.
+    BadIndirect,
+    /// An indirect table of bad size or not mapped in one piece.
+    BadIndirectTable,
+    /// A device-readable descriptor after a device-writable one.
+    ReadableAfterWritable,
+    /// A buffer not (entirely) inside guest memory.
+    Unmapped,
+    /// More host segments than [`MAX_SEGMENTS`].
+    TooManySegments,
+}
+
+/// Returns a host pointer to `len` bytes at `addr` when they lie in one
+/// mapped region.
+pub fn map_contiguous(mem: &GuestMemory_, addr: u64, len: usize) -> Option<*mut u8> {
+    let region = mem.find_region(GuestAddress(addr))?;
+    let off = addr - region.start_addr().0;
+    let end = off.checked_add(len as u64)?;
+    if end > region.len() {
+        return None;
+    }
+    region.get_host_address(MemoryRegionAddress(off)).ok()
+}
+
+/// Scratch state for walking chains; allocated once per queue worker and
+/// reused for every request (no allocation on the data path).
+#[derive(Debug)]
+pub struct ChainWalker {
+    readable: Vec<Segment>,
+    writable: Vec<Segment>,
+    readable_len: u64,
+    writable_len: u64,
+    readable_ok: bool,
+    writable_ok: bool,
+    status: Option<*mut u8>,
+    fault: Option<ChainFault>,
+    seen_writable: bool,
+}
+
+// SAFETY: the raw pointers in a ChainWalker are only dereferenced while the
+// guest-memory guard that produced them is held by the same call
+// (`QueueWorker::process`); between requests they are stale values that are
+// cleared before reuse, never dereferenced. Moving the walker between
+// threads (it lives in a per-queue Mutex) is therefore sound.
+unsafe impl Send for ChainWalker {}
+
+impl Default for ChainWalker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChainWalker {
+    /// Allocates the segment arrays.
+    pub fn new() -> Self {
+        ChainWalker {
+            readable: Vec::with_capacity(MAX_SEGMENTS),
+            writable: Vec::with_capacity(MAX_SEGMENTS),
+            readable_len: 0,
+            writable_len: 0,
+            readable_ok: true,
+            writable_ok: true,
+            status: None,
+            fault: None,
+            seen_writable: false,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.readable.clear();
+        self.writable.clear();
+        self.readable_len = 0;
+        self.writable_len = 0;
+        self.readable_ok = true;
+        self.writable_ok = true;
+        self.status = None;
+        self.fault = None;
+        self.seen_writable = false;
+    }
+
+    fn set_fault(&mut self, f: ChainFault) {
+        if self.fault.is_none() {
+            self.fault = Some(f);
+        }
+    }
+
+    /// Walks the chain starting at `head` in the descriptor table at host
+    /// address `table` holding `table_len` descriptors.
+    ///
+    /// # Safety
+    /// `table` must point to `table_len * 16` mapped bytes that stay mapped
+    /// while the walker's segments are used (the guest-memory guard is held).
+    pub unsafe fn walk(&mut self, mem: &GuestMemory_, table: *const u8, table_len: u16, head: u16) {
+        self.reset();
+        let mut idx = head;
+        let mut visited: u32 = 0;
+        loop {
+            if idx >= table_len {
+                self.set_fault(ChainFault::BadIndex);
+                return;
+            }
+            visited += 1;
+            if visited > u32::from(table_len) {
+                self.set_fault(ChainFault::TooLong);
+                return;
+            }
+            // SAFETY: idx < table_len and the caller guarantees the table is mapped.
+            let d = unsafe { read_desc(table, idx) };
+            if d.flags & VRING_DESC_F_INDIRECT != 0 {
+                if d.flags & VRING_DESC_F_NEXT != 0 {
+                    self.set_fault(ChainFault::BadIndirect);
+                    return;
+                }
+                self.walk_indirect(mem, d);
+                return;
+            }
+            self.add_buffer(mem, d);
+            if d.flags & VRING_DESC_F_NEXT == 0 {
+                return;
+            }
+            idx = d.next;
+        }
+    }
+
+    fn walk_indirect(&mut self, mem: &GuestMemory_, d: Desc) {
+        let n = d.len as usize / DESC_SIZE;
+        if d.len as usize % DESC_SIZE != 0 || n == 0 || n > usize::from(MAX_QUEUE_SIZE) {
+            self.set_fault(ChainFault::BadIndirectTable);
+            return;
+        }
+        let Some(table) = map_contiguous(mem, d.addr, d.len as usize) else {
+            self.set_fault(ChainFault::BadIndirectTable);
+            return;
+        };
+        let mut idx: u16 = 0;
+        for _ in 0..n {
+            // SAFETY: idx < n (checked below) and the table was just mapped
+            // for n descriptors.
+            let e = unsafe { read_desc(table, idx) };
+            if e.flags & VRING_DESC_F_INDIRECT != 0 {
+                self.set_fault(ChainFault::BadIndirect);
+                return;
+            }
+            self.add_buffer(mem, e);
+            if e.flags & VRING_DESC_F_NEXT == 0 {
+                return;
+            }
+            if usize::from(e.next) >= n {
+                self.set_fault(ChainFault::BadIndex);
+                return;
+            }
+            idx = e.next;
+        }
+        self.set_fault(ChainFault::TooLong);
+    }
+
+    /// Records one buffer: translates it (zero-length ones are skipped
+    /// without translating), appends its segments to the readable or
+    /// writable stream, and tracks where the status byte is.
+    fn add_buffer(&mut self, mem: &GuestMemory_, d: Desc) {
+        let write = d.flags & VRING_DESC_F_WRITE != 0;
+        if !write && self.seen_writable {
+            self.set_fault(ChainFault::ReadableAfterWritable);
+        }
+        if d.len == 0 {
+            return;
+        }
+        if write {
+            self.seen_writable = true;
+            self.writable_len += u64::from(d.len);
+            // The status byte is the last byte of the last non-empty writable
+            // buffer: it moves with every new one.
+            self.status = if self.writable_ok {
+                let before = self.writable.len();
+                let ok = self.push_segments(mem, d, true);
+                if ok {
+                    self.writable.get(before..).and_then(|s| s.last()).map(|s| {
+                        // SAFETY: the segment has len >= 1 bytes mapped.
+                        unsafe { s.ptr.add(s.len - 1) }
+                    })
+                } else {
+                    self.writable_ok = false;
+                    last_byte(mem, d)
+                }
+            } else {
+                last_byte(mem, d)
+            };
+        } else {
+            self.readable_len += u64::from(d.len);
+            if self.readable_ok && !self.push_segments(mem, d, false) {
+                self.readable_ok = false;
+            }
+        }
+    }
+
+    fn push_segments(&mut self, mem: &GuestMemory_, d: Desc, write: bool) -> bool {
+        let mut addr = d.addr;
+        let mut left = u64::from(d.len);
+        while left > 0 {
+            let Some(region) = mem.find_region(GuestAddress(addr)) else {
+                self.set_fault(ChainFault::Unmapped);
+                return false;
+            };
+            let off = addr - region.start_addr().0;
+            let n = left.min(region.len() - off);
+            let Ok(ptr) = region.get_host_address(MemoryRegionAddress(off)) else {
+                self.set_fault(ChainFault::Unmapped);
+                return false;
+            };
+            let list = if write { &mut self.writable } else { &mut self.readable };
+            if list.len() == MAX_SEGMENTS {
+                self.set_fault(ChainFault::TooManySegments);
+                return false;
+            }
+            list.push(Segment { ptr, len: n as usize });
+            addr = match addr.checked_add(n) {
+                Some(a) => a,
+                None if n == left => break,
+                None => {
+                    self.set_fault(ChainFault::Unmapped);
+                    return false;
+                }
+            };
+            left -= n;
+        }
+        true
+    }
+
+    /// Total device-readable bytes declared by the chain.
+    pub fn readable_len(&self) -> u64 {
+        self.readable_len
+    }
+
+    /// Total device-writable bytes declared by the chain.
+    pub fn writable_len(&self) -> u64 {
+        self.writable_len
+    }
+
+    /// The first structural or mapping fault, if any.
+    pub fn fault(&self) -> Option<ChainFault> {
+        self.fault
+    }
+
+    /// Whether a writable status byte was found and is mapped.
+    pub fn has_status(&self) -> bool {
+        self.status.is_some()
+    }
+}
+
+fn last_byte(mem: &GuestMemory_, d: Desc) -> Option<*mut u8> {
+    let a = d.addr.checked_add(u64::from(d.len) - 1)?;
+    map_contiguous(mem, a, 1)
+}
+
+/// Reads descriptor `idx` of a mapped table, once.
+///
+/// # Safety
+/// `table` must point to at least `(idx + 1) * 16` mapped bytes.
+unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
+    // SAFETY: in bounds per the contract; volatile because the guest may
+    // change the table at any time, and a plain read could be re-done by
+    // the compiler (the copy is what we validate and use).
+    let raw = unsafe { ptr::read_volatile(table.add(usize::from(idx) * DESC_SIZE) as *const [u8; DESC_SIZE]) };
+    Desc::from_bytes(raw)
+}
+
+/// Reads `buf.len()` bytes at `offset` of a segment stream into `buf`.
+/// Returns false if the stream is too short.
+fn gather(segs: &[Segment], mut offset: usize, buf: &mut [u8]) -> bool {
+    let mut done = 0;
+    for s in segs {
+        if done == buf.len() {
+            break;
+        }
+        if offset >= s.len {
+            offset -= s.len;
+            continue;
+        }
+        let n = (s.len - offset).min(buf.len() - done);
+        // SAFETY: the segment is mapped for s.len bytes and offset + n <= s.len;
+        // buf is a distinct local buffer.
+        unsafe { ptr::copy_nonoverlapping(s.ptr.add(offset), buf[done..].as_mut_ptr(), n) };
+        done += n;
+        offset = 0;
+    }
+    done == buf.len()
+}
+
+/// Position in a segment stream.
+struct Cursor<'a> {
+    segs: &'a [Segment],
+    idx: usize,
+    off: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(segs: &'a [Segment], mut offset: usize) -> Self {
+        let mut idx = 0;
+        while idx < segs.len() && offset >= segs[idx].len {
+            offset -= segs[idx].len;
+            idx += 1;
+        }
+        Cursor { segs, idx, off: offset }
+    }
+
+    /// The contiguous piece at the cursor: (pointer, bytes left in it).
+    fn chunk(&self) -> (*mut u8, usize) {
+        match self.segs.get(self.idx) {
+            // SAFETY: off < len for the current segment.
+            Some(s) => (unsafe { s.ptr.add(self.off) }, s.len - self.off),
+            None => (ptr::null_mut(), 0),
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        while n > 0 && self.idx < self.segs.len() {
+            let left = self.segs[self.idx].len - self.off;
+            if n < left {
+                self.off += n;
+                return;
+            }
+            n -= left;
+            self.idx += 1;
+            self.off = 0;
+        }
+    }
+
+    /// Copies 16 bytes out (the caller has checked the stream is long enough).
+    fn read_block(&mut self, blk: &mut [u8; 16]) {
+        let mut done = 0;
+        while done < 16 {
+            let (p, n) = self.chunk();
+            let n = n.min(16 - done);
+            if n == 0 {
+                return;
+            }
+            // SAFETY: p is mapped for n bytes; blk is local.
+            unsafe { ptr::copy_nonoverlapping(p, blk[done..].as_mut_ptr(), n) };
+            self.advance(n);
+            done += n;
+        }
+    }
+
+    /// Copies 16 bytes in.
+    fn write_block(&mut self, blk: &[u8; 16]) {
+        let mut done = 0;
+        while done < 16 {
+            let (p, n) = self.chunk();
+            let n = n.min(16 - done);
+            if n == 0 {
+                return;
+            }
+            // SAFETY: p is mapped for n bytes of a device-writable buffer; blk is local.
+            unsafe { ptr::copy_nonoverlapping(blk[done..].as_ptr(), p, n) };
+            self.advance(n);
+            done += n;
+        }
+    }
+}
+
+/// Runs the cipher from the readable stream at `src_off` into the writable
+/// stream at 0 for `len` bytes (a multiple of 16), in place on guest memory.
+///
+/// Where a source piece and a destination piece are both contiguous, the
+/// cipher runs directly on them (same memory: in place; disjoint: buffer to
+/// buffer). A block that straddles a descriptor or region boundary, or
+/// source and destination that partly overlap, go through a 16-byte local
+/// block, read before it is written.
+fn run_cipher(stream: &mut CbcStream, readable: &[Segment], src_off: usize, writable: &[Segment], len: usize) {
+    let mut src = Cursor::new(readable, src_off);
+    let mut dst = Cursor::new(writable, 0);
+    let mut left = len;
+    while left > 0 {
+        let (sp, sl) = src.chunk();
+        let (dp, dl) = dst.chunk();
+        let n = sl.min(dl).min(left) & !15;
+        let disjoint = (sp as usize).saturating_add(n) <= dp as usize
+            || (dp as usize).saturating_add(n) <= sp as usize;
+        if n >= 16 && (sp == dp || disjoint) {
+            if sp == dp {
+                // SAFETY: dp is mapped for n (≤ dl) bytes of a device-writable
+                // buffer that stays mapped while the memory guard is held. No
+                // other Rust reference to it exists; the guest may write it
+                // concurrently, which can only change the output bytes.
+                let data = unsafe { std::slice::from_raw_parts_mut(dp, n) };
+                let _ = stream.process_in_place(data);
+            } else {
+                // SAFETY: as above for dst; src is mapped for n (≤ sl) bytes
+                // and does not overlap dst (checked), so the shared and the
+                // mutable slice do not alias.
+                let (input, output) = unsafe {
+                    (std::slice::from_raw_parts(sp as *const u8, n), std::slice::from_raw_parts_mut(dp, n))
+                };
+                let _ = stream.process_b2b(input, output);
+            }
+            src.advance(n);
+            dst.advance(n);
+            left -= n;
+        } else {
+            let mut blk = [0u8; 16];
+            src.read_block(&mut blk);
+            stream.process_block(&mut blk);
+            dst.write_block(&blk);
+            left -= 16;
+        }
+    }
+}
+
+/// Outcome of one request: what to put on the used ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Used length: bytes written including the status byte (0 when the
+    /// chain had no status byte and was only consumed).
+    pub used_len: u32,
+    /// The status written, if any.
+    pub status: Option<Status>,
+}
+
+/// Limits applied to each request.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Largest `src_data_len` (= `dst_data_len`) accepted, in bytes.
+    pub max_request_bytes: u32,
+}
+
+/// Validates and executes the request whose chain `w` has just walked, and
+/// writes its status. Never fails: every problem becomes a status.
+pub fn process_request(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> Completion {
+    let status = match execute(w, sessions, limits) {
+        Ok(dst_len) => {
+            return complete(w, Status::Ok, dst_len);
+        }
+        Err(s) => s,
+    };
+    complete(w, status, 0)
+}
+
+fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
+    match w.status {
+        Some(p) => {
+            // SAFETY: p points to the mapped last byte of a device-writable
+            // buffer of this chain.
+            unsafe { ptr::write_volatile(p, status as u8) };
+            Completion { used_len: written + 1, status: Some(status) }
+        }
+        None => Completion { used_len: 0, status: None },
+    }
+}
+
+fn execute(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> Result<u32, Status> {
+    // 1. Header readable: copied out once, everything below uses the copy.
+    let mut raw = [0u8; OP_DATA_REQ_SIZE];
+    if w.status.is_none() || !gather(&w.readable, 0, &mut raw) {
+        return Err(Status::Err);
+    }
+    let h = OpDataReq::from_bytes(&raw);
+
+    // 2. Opcode, op_type and algorithm supported.
+    let direction = match h.opcode {
+        VIRTIO_CRYPTO_CIPHER_ENCRYPT => Direction::Encrypt,
+        VIRTIO_CRYPTO_CIPHER_DECRYPT => Direction::Decrypt,
+        _ => return Err(Status::NotSupp),
+    };
+    if h.op_type != VIRTIO_CRYPTO_SYM_OP_CIPHER {
+        return Err(Status::NotSupp);
+    }
+    // Linux leaves header.algo 0 for skcipher requests; the session decides
+    // the algorithm. Any other value names an algorithm this device lacks.
+    if h.algo != 0 && h.algo != VIRTIO_CRYPTO_CIPHER_AES_CBC {
+        return Err(Status::NotSupp);
+    }
+
+    // 3. Session known.
+    let session = sessions.get(h.session_id).ok_or(Status::InvSess)?;
+
+    // 4. Everything else.
+    if w.fault.is_some() || !w.readable_ok || !w.writable_ok {
+        return Err(Status::Err);
+    }
+    if session.direction != direction
+        || h.iv_len != IV_LEN
+        || h.src_data_len != h.dst_data_len
+        || h.src_data_len == 0
+        || h.src_data_len % 16 != 0
+        || h.src_data_len > limits.max_request_bytes
+    {
+        return Err(Status::Err);
+    }
+    let len = u64::from(h.src_data_len);
+    let src_off = OP_DATA_REQ_SIZE as u64 + u64::from(IV_LEN);
+    if w.readable_len < src_off + len || w.writable_len < len + 1 {
+        return Err(Status::Err);
+    }
+    let mut iv = [0u8; 16];
+    if !gather(&w.readable, OP_DATA_REQ_SIZE, &mut iv) {
+        return Err(Status::Err);
+    }
+    let mut stream = start(&session.key, direction, &iv);
+    run_cipher(&mut stream, &w.readable, src_off as usize, &w.writable, len as usize);
+    Ok(h.dst_data_len)
+}
+
+fn start(key: &AesCbcKey, direction: Direction, iv: &[u8; 16]) -> CbcStream {
+    key.start(direction, iv)
+}

@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Crypto sessions: the per-connection registry that answers the frontend's
+//! session messages, and the per-queue tables the data path looks sessions
+//! up in.
+//!
+//! Sessions belong to a connection (QEMU routes every session message of a
+//! device through one socket, protocol reference §1.2). The registry lives
+//! with the session-message handler; it validates a CREATE, expands the key
+//! once, and sends the session to every queue worker over a channel before
+//! the reply goes out, so a session is in a worker's table before the guest
+//! can use its id. Workers drain their channel at the start of each batch:
+//! the data path takes no lock to look a session up.
+//!
+//! Ids start at 1 and are never reused on a connection. Key schedules are
+//! zeroized when a session is closed and when the connection ends (the
+//! tables are dropped), see `algorithms::AesCbcKey`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc::{Receiver, Sender};
+
+use algorithms::{AesCbcKey, Direction};
+use log::{debug, warn};
+
+use crate::session_msg::SymSessionInfo;
+use crate::wire::{
+    Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION,
+    VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
+
+/// Largest table capacity reserved up front (more sessions still work, the
+/// table then grows on CREATE, never on a data request).
+const MAX_PRERESERVED: usize = 4096;
+
+/// One cipher session as the data path sees it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The direction the session was created for.
+    pub direction: Direction,
+    /// The expanded key schedule.
+    pub key: AesCbcKey,
+}
+
+/// A change to the session set, sent from the registry to each worker.
+#[derive(Debug)]
+pub enum SessionEvent {
+    /// A new session.
+    Created(u64, Session),
+    /// A session was closed.
+    Closed(u64),
+}
+
+/// Per-connection session registry (the session-message side).
+#[derive(Debug)]
+pub struct SessionRegistry {
+    next_id: u64,
+    live: HashSet<u64>,
+    max_sessions: usize,
+    workers: Vec<Sender<SessionEvent>>,
+}
+
+impl SessionRegistry {
+    /// A registry allowing `max_sessions` live sessions, feeding `workers`.
+    pub fn new(max_sessions: usize, workers: Vec<Sender<SessionEvent>>) -> Self {
+        SessionRegistry {
+            next_id: 1,
+            live: HashSet::with_capacity(max_sessions.min(MAX_PRERESERVED)),
+            max_sessions,
+            workers,
+        }
+    }
+
+    /// Number of live sessions.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Handles a CREATE: returns the new session id (≥ 1), or a negative
+    /// virtio-crypto status (−NOTSUPP for an unsupported opcode, op_type or
+    /// algorithm, −ERR for a bad key length or direction, −NOSPC when
+    /// `max_sessions` are live). QEMU turns any negative value into
+    /// `VIRTIO_CRYPTO_ERR` for the guest (`cryptodev-vhost-user.c`).
+    pub fn create(&mut self, info: &SymSessionInfo) -> i64 {
+        let neg = |s: Status| -(s as i64);
+        if info.op_code != VIRTIO_CRYPTO_CIPHER_CREATE_SESSION
+            || u32::from(info.op_type) != VIRTIO_CRYPTO_SYM_OP_CIPHER
+            || info.cipher_alg != VIRTIO_CRYPTO_CIPHER_AES_CBC
+        {
+            debug!(
+                "CREATE_CRYPTO_SESSION refused: op_code {:#x} op_type {} cipher_alg {}",
+                info.op_code, info.op_type, info.cipher_alg
+            );
+            return neg(Status::NotSupp);
+        }
+        let direction = match info.direction {
+            VIRTIO_CRYPTO_OP_ENCRYPT => Direction::Encrypt,
+            VIRTIO_CRYPTO_OP_DECRYPT => Direction::Decrypt,
+            d => {
+                debug!("CREATE_CRYPTO_SESSION refused: direction {d}");
+                return neg(Status::Err);
+            }
+        };
+        let Some(key) = info.cipher_key().and_then(|k| AesCbcKey::new(k).ok()) else {
+            debug!("CREATE_CRYPTO_SESSION refused: key_len {}", info.key_len);
+            return neg(Status::Err);
+        };
+        if self.live.len() >= self.max_sessions {
+            warn!("CREATE_CRYPTO_SESSION refused: {} sessions live", self.live.len());
+            return neg(Status::NoSpc);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.live.insert(id);
+        let session = Session { direction, key };
+        for w in &self.workers {
+            // A worker that is gone has no table to update.
+            let _ = w.send(SessionEvent::Created(id, session.clone()));
+        }
+        debug!("session {id} created ({direction:?}, {} bits)", session.key.key_bits());
+        id as i64
+    }
+
+    /// Handles a CLOSE. Unknown ids are ignored; returns whether `id` was live.
+    pub fn close(&mut self, id: u64) -> bool {
+        if !self.live.remove(&id) {
+            debug!("CLOSE_CRYPTO_SESSION for unknown session {id} ignored");
+            return false;
+        }
+        for w in &self.workers {
+            let _ = w.send(SessionEvent::Closed(id));
+        }
+        debug!("session {id} closed");
+        true
+    }
+}
+
+/// A queue worker's copy of the session set.
+#[derive(Debug)]
+pub struct SessionTable {
+    map: HashMap<u64, Session>,
+    events: Receiver<SessionEvent>,
+}
+
+impl SessionTable {
+    /// An empty table fed by `events`.
+    pub fn new(max_sessions: usize, events: Receiver<SessionEvent>) -> Self {
+        SessionTable {
+            map: HashMap::with_capacity(max_sessions.min(MAX_PRERESERVED)),
+            events,
+        }
+    }
+
+    /// Applies every pending create/close (call before each batch).
+    pub fn sync(&mut self) {
+        while let Ok(ev) = self.events.try_recv() {
+            match ev {
+                SessionEvent::Created(id, s) => {
+                    self.map.insert(id, s);
+                }
+                // Dropping the session zeroizes its key schedule.
+                SessionEvent::Closed(id) => drop(self.map.remove(&id)),
+            }
+        }
+    }
+
+    /// Looks a session up.
+    pub fn get(&self, id: u64) -> Option<&Session> {
+        self.map.get(&id)
+    }
+
+    /// Number of sessions in the table.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// Creates a registry and `queues` worker tables connected to it.
+pub fn session_set(max_sessions: usize, queues: usize) -> (SessionRegistry, Vec<SessionTable>) {
+    let mut txs = Vec::with_capacity(queues);
+    let mut tables = Vec::with_capacity(queues);
+    for _ in 0..queues {
+        let (tx, rx) = std::sync::mpsc::channel();
+        txs.push(tx);
+        tables.push(SessionTable::new(max_sessions, rx));
+    }
+    (SessionRegistry::new(max_sessions, txs), tables)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(key_len: u32, direction: u8) -> SymSessionInfo {
+        let mut i = SymSessionInfo {
+            cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
+            key_len,
+            op_type: 1,
+            direction,
+            ..Default::default()
+        };
+        i.cipher_key[..16].copy_from_slice(&[0x2b; 16]);
+        i
+    }
+
+    #[test]
+    fn ids_start_at_one_and_are_never_reused() {
+        let (mut reg, mut tables) = session_set(4, 2);
+        assert_eq!(reg.create(&info(16, 1)), 1);
+        assert_eq!(reg.create(&info(24, 2)), 2);
+        assert!(reg.close(1));
+        assert_eq!(reg.create(&info(32, 1)), 3);
+        for t in &mut tables {
+            t.sync();
+            assert!(t.get(1).is_none());
+            assert_eq!(t.get(2).unwrap().direction, Direction::Decrypt);
+            assert_eq!(t.get(3).unwrap().key.key_bits(), 256);
+            assert_eq!(t.len(), 2);
+        }
+    }
+
+    #[test]
+    fn bad_creates_get_negative_ids() {
+        let (mut reg, _t) = session_set(1, 1);
+        assert_eq!(reg.create(&info(17, 1)), -1, "key_len 17");
+        assert_eq!(reg.create(&info(0, 1)), -1, "key_len 0");
+        assert_eq!(reg.create(&info(64, 1)), -1, "key_len 64");
+        assert_eq!(reg.create(&info(0x1000, 1)), -1, "key_len 0x1000");
+        assert_eq!(reg.create(&info(16, 0)), -1, "direction 0");
+        assert_eq!(reg.create(&info(16, 3)), -1, "direction 3");
+        let mut i = info(16, 1);
+        i.cipher_alg = 4;
+        assert_eq!(reg.create(&i), -3, "AES-CTR not supported");
+        let mut i = info(16, 1);
+        i.op_type = 2;
+        assert_eq!(reg.create(&i), -3, "chaining not supported yet");
+        let mut i = info(16, 1);
+        i.op_code = 0x404;
+        assert_eq!(reg.create(&i), -3, "akcipher");
+        assert_eq!(reg.create(&info(16, 1)), 1);
+        assert_eq!(reg.create(&info(16, 1)), -5, "table full");
+        assert_eq!(reg.len(), 1);
+    }
+
+    #[test]
+    fn close_of_unknown_id_is_ignored() {
+        let (mut reg, mut t) = session_set(8, 1);
+        assert!(!reg.close(0));
+        assert!(!reg.close(42));
+        assert_eq!(reg.create(&info(16, 1)), 1);
+        assert!(reg.close(1));
+        assert!(!reg.close(1), "double close");
+        t[0].sync();
+        assert!(t[0].is_empty());
+    }
+}
