@@ -1,0 +1,489 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! A vhost-user frontend for a virtio-crypto backend: negotiates like QEMU
+//! (or like DPDK 22.11's vhost-crypto needs, see `--dpdk`), shares memfd
+//! memory, drives split data rings as a guest driver would, and creates and
+//! closes sessions with `VHOST_USER_CREATE/CLOSE_CRYPTO_SESSION`.
+//!
+//! The vhost-user protocol itself goes through rust-vmm `vhost`'s
+//! [`Frontend`]; the crypto session messages, which it does not know, are
+//! written on a clone of the same socket with the daemon's
+//! `session_msg` module (messages are strictly sequential, so the two never
+//! interleave).
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VringConfigData};
+use vhost_user_crypto::request::{Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vhost_user_crypto::session_msg::{
+    close_request, create_request, decode_header, reply_session_id, SessionAbi, SymSessionInfo,
+    VHOST_USER_CREATE_CRYPTO_SESSION, VHOST_USER_HDR_SIZE, VHOST_USER_MAX_PAYLOAD,
+};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::guest_mem::GuestMem;
+
+/// `VHOST_USER_F_PROTOCOL_FEATURES`.
+const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const F_VERSION_1: u64 = 1 << 32;
+const F_INDIRECT_DESC: u64 = 1 << 28;
+const F_EVENT_IDX: u64 = 1 << 29;
+/// `VIRTQ_USED_F_NO_NOTIFY`.
+const USED_F_NO_NOTIFY: u16 = 1;
+
+/// Errors talking to a backend.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Connecting failed.
+    #[error("cannot connect to {0}: {1}")]
+    Connect(String, io::Error),
+    /// A vhost-user request failed.
+    #[error("vhost-user {0} failed: {1}")]
+    Vhost(&'static str, vhost::Error),
+    /// Socket I/O failed.
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    /// The backend does not offer what is needed.
+    #[error("backend lacks {0}")]
+    Missing(&'static str),
+    /// A CREATE reply was malformed.
+    #[error("bad CREATE_CRYPTO_SESSION reply: {0}")]
+    BadReply(String),
+    /// The backend stopped answering.
+    #[error("timed out waiting for completions")]
+    Timeout,
+}
+
+/// How requests are laid out in descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DescMode {
+    /// One indirect table per request (what Linux does).
+    Indirect,
+    /// A direct chain in the ring's descriptor table.
+    Chain,
+}
+
+/// Frontend settings.
+#[derive(Debug, Clone)]
+pub struct FrontendConfig {
+    /// Number of data queues.
+    pub queues: u16,
+    /// Entries per ring (power of two).
+    pub queue_size: u16,
+    /// Requests in flight per queue.
+    pub queue_depth: u16,
+    /// Largest request payload (src = dst) in bytes.
+    pub max_payload: usize,
+    /// Guest memory size; 0 = sized to fit.
+    pub memory_bytes: usize,
+    /// Session payload layout.
+    pub session_abi: SessionAbi,
+    /// Descriptor layout.
+    pub desc_mode: DescMode,
+    /// Drive DPDK 22.11's vhost-crypto (protocol reference §5.7).
+    pub dpdk: bool,
+}
+
+/// Descriptors a direct-chain request uses (header, IV, src, dst, status).
+pub const DESCS_PER_REQUEST: u16 = 5;
+const SLOT_ALIGN: usize = 64;
+const RING_AREA_ALIGN: u64 = 4096;
+
+/// One data queue as a driver sees it.
+pub struct DriverQueue {
+    mem: Arc<GuestMem>,
+    /// Ring size.
+    pub size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    avail_idx: u16,
+    kicked_idx: u16,
+    last_used: u16,
+    event_idx: bool,
+    poll: bool,
+    kick: EventFd,
+    call: EventFd,
+    slots_base: u64,
+    slot_size: usize,
+    nslots: u16,
+    busy: Vec<bool>,
+    desc_mode: DescMode,
+    max_payload: usize,
+}
+
+/// Where a request's buffers live in guest memory.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotLayout {
+    /// Header (72 bytes).
+    pub hdr: u64,
+    /// IV (16 bytes).
+    pub iv: u64,
+    /// Source buffer.
+    pub src: u64,
+    /// Destination buffer.
+    pub dst: u64,
+    /// Status byte.
+    pub status: u64,
+    /// Indirect table.
+    pub table: u64,
+}
+
+/// A completed request.
+#[derive(Debug, Clone, Copy)]
+pub struct Used {
+    /// Slot (head descriptor) id.
+    pub slot: u16,
+    /// Used length.
+    pub len: u32,
+}
+
+fn align(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+fn ring_bytes(size: u16) -> u64 {
+    // Descriptor table and avail ring, then the used ring on its own page.
+    let n = u64::from(size);
+    align(16 * n + 6 + 2 * n, RING_AREA_ALIGN) + align(6 + 8 * n, RING_AREA_ALIGN)
+}
+
+fn slot_size(max_payload: usize) -> usize {
+    let raw = 72 + 16 + 2 * max_payload + 1 + 16 * usize::from(DESCS_PER_REQUEST);
+    raw.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+}
+
+impl DriverQueue {
+    /// Slot count for a ring of `size` in `mode`.
+    pub fn slots_for(size: u16, mode: DescMode) -> u16 {
+        match mode {
+            DescMode::Indirect => size,
+            DescMode::Chain => size / DESCS_PER_REQUEST,
+        }
+    }
+
+    /// Guest addresses of slot `slot`'s buffers.
+    pub fn layout(&self, slot: u16) -> SlotLayout {
+        let base = self.slots_base + u64::from(slot) * self.slot_size as u64;
+        let p = self.max_payload as u64;
+        SlotLayout {
+            hdr: base,
+            iv: base + 72,
+            src: base + 88,
+            dst: base + 88 + p,
+            status: base + 88 + 2 * p,
+            table: align(base + 88 + 2 * p + 1, 16),
+        }
+    }
+
+    /// The memory.
+    pub fn mem(&self) -> &GuestMem {
+        &self.mem
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> u16 {
+        self.avail_idx.wrapping_sub(self.last_used)
+    }
+
+    /// The slot the next request must use (ring position modulo slots, so
+    /// DPDK's "avail slot i holds head i" holds in indirect mode), if free.
+    pub fn next_slot(&self) -> Option<u16> {
+        let s = self.avail_idx % self.nslots;
+        (!self.busy[usize::from(s)]).then_some(s)
+    }
+
+    /// Makes a plain cipher request available in `slot`, whose header, IV
+    /// and src the caller has written; `len` = src = dst bytes.
+    pub fn submit(&mut self, slot: u16, len: u32) {
+        let l = self.layout(slot);
+        let descs = [
+            (l.hdr, 72, 0),
+            (l.iv, 16, 0),
+            (l.src, len, 0),
+            (l.dst, len, VRING_DESC_F_WRITE),
+            (l.status, 1, VRING_DESC_F_WRITE),
+        ];
+        let head = match self.desc_mode {
+            DescMode::Indirect => {
+                for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+                    let last = i + 1 == descs.len();
+                    let d = Desc {
+                        addr,
+                        len,
+                        flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
+                        next: if last { 0 } else { i as u16 + 1 },
+                    };
+                    self.mem.write(l.table + 16 * i as u64, &d.to_bytes());
+                }
+                let d = Desc { addr: l.table, len: 16 * descs.len() as u32, flags: VRING_DESC_F_INDIRECT, next: 0 };
+                self.mem.write(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                slot
+            }
+            DescMode::Chain => {
+                let base = slot * DESCS_PER_REQUEST;
+                for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+                    let last = i + 1 == descs.len();
+                    let idx = base + i as u16;
+                    let d = Desc {
+                        addr,
+                        len,
+                        flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
+                        next: if last { 0 } else { idx + 1 },
+                    };
+                    self.mem.write(self.desc + 16 * u64::from(idx), &d.to_bytes());
+                }
+                base
+            }
+        };
+        self.busy[usize::from(slot)] = true;
+        let pos = u64::from(self.avail_idx % self.size);
+        self.mem.write_u16(self.avail + 4 + 2 * pos, head);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+    }
+
+    /// Publishes the avail index and kicks the backend unless it asked not
+    /// to be (avail_event with EVENT_IDX, else `VIRTQ_USED_F_NO_NOTIFY`).
+    pub fn publish_and_kick(&mut self) -> io::Result<()> {
+        if self.avail_idx == self.kicked_idx {
+            return Ok(());
+        }
+        self.mem.store_u16_release(self.avail + 2, self.avail_idx);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let old = self.kicked_idx;
+        let new = self.avail_idx;
+        self.kicked_idx = new;
+        let need = if self.event_idx {
+            let event = self.mem.load_u16_acquire(self.used + 4 + 8 * u64::from(self.size));
+            // vring_need_event(event, new, old)
+            new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+        } else {
+            self.mem.load_u16_acquire(self.used) & USED_F_NO_NOTIFY == 0
+        };
+        if need {
+            self.kick.write(1)?;
+        }
+        Ok(())
+    }
+
+    /// Collects completed requests into `out`; waits up to `timeout` for
+    /// at least one when none is ready (on the call eventfd, or polling in
+    /// DPDK mode, whose backend may not signal).
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] if nothing completes in time.
+    pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
+        let start = std::time::Instant::now();
+        loop {
+            let used_idx = self.mem.load_u16_acquire(self.used + 2);
+            while self.last_used != used_idx {
+                let pos = u64::from(self.last_used % self.size);
+                let id = self.mem.read_u32(self.used + 4 + 8 * pos);
+                let len = self.mem.read_u32(self.used + 8 + 8 * pos);
+                let slot = match self.desc_mode {
+                    DescMode::Indirect => id as u16,
+                    DescMode::Chain => (id / u32::from(DESCS_PER_REQUEST)) as u16,
+                };
+                if let Some(b) = self.busy.get_mut(usize::from(slot)) {
+                    *b = false;
+                }
+                out.push(Used { slot, len });
+                self.last_used = self.last_used.wrapping_add(1);
+            }
+            if !out.is_empty() || self.in_flight() == 0 {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout);
+            }
+            if self.poll {
+                std::hint::spin_loop();
+                if start.elapsed() > Duration::from_millis(1) {
+                    std::thread::yield_now();
+                }
+            } else {
+                let mut pfd = libc::pollfd { fd: self.call_fd(), events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 100) };
+                let _ = self.call.read();
+            }
+        }
+    }
+
+    fn call_fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.call.as_raw_fd()
+    }
+}
+
+/// A connected frontend.
+pub struct CryptoFrontend {
+    frontend: Frontend,
+    sock: UnixStream,
+    abi: SessionAbi,
+    /// Guest memory.
+    pub mem: Arc<GuestMem>,
+    /// Data queues.
+    pub queues: Vec<DriverQueue>,
+}
+
+impl CryptoFrontend {
+    /// Connects to `path` and sets everything up.
+    ///
+    /// # Errors
+    /// Connection or negotiation failures.
+    pub fn connect(path: &Path, cfg: &FrontendConfig) -> Result<Self, Error> {
+        let sock = UnixStream::connect(path).map_err(|e| Error::Connect(path.display().to_string(), e))?;
+        Self::from_stream(sock, cfg)
+    }
+
+    /// Sets up a frontend on an already-connected socket.
+    ///
+    /// # Errors
+    /// Negotiation failures.
+    pub fn from_stream(sock: UnixStream, cfg: &FrontendConfig) -> Result<Self, Error> {
+        let raw = sock.try_clone()?;
+        let mut fe = Frontend::from_stream(sock, u64::from(cfg.queues));
+        let v = |what| move |e| Error::Vhost(what, e);
+
+        let features = fe.get_features().map_err(v("GET_FEATURES"))?;
+        if features & F_PROTOCOL_FEATURES == 0 {
+            return Err(Error::Missing("VHOST_USER_F_PROTOCOL_FEATURES"));
+        }
+        let pf = fe.get_protocol_features().map_err(v("GET_PROTOCOL_FEATURES"))?;
+        if !pf.contains(VhostUserProtocolFeatures::CRYPTO_SESSION) {
+            return Err(Error::Missing("VHOST_USER_PROTOCOL_F_CRYPTO_SESSION"));
+        }
+        let mut want = VhostUserProtocolFeatures::CRYPTO_SESSION;
+        if cfg.queues > 1 {
+            want |= VhostUserProtocolFeatures::MQ & pf;
+        }
+        fe.set_protocol_features(want).map_err(v("SET_PROTOCOL_FEATURES"))?;
+        fe.set_owner().map_err(v("SET_OWNER"))?;
+        let acked = features & (F_PROTOCOL_FEATURES | F_VERSION_1 | F_INDIRECT_DESC | F_EVENT_IDX);
+        let event_idx = acked & F_EVENT_IDX != 0;
+
+        let nslots = DriverQueue::slots_for(cfg.queue_size, cfg.desc_mode);
+        if nslots == 0 || cfg.queue_depth == 0 || cfg.queue_depth > nslots {
+            return Err(Error::Missing("a queue large enough for the queue depth"));
+        }
+        let ssize = slot_size(cfg.max_payload);
+        let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nslots) * ssize as u64, RING_AREA_ALIGN);
+        let need = (u64::from(cfg.queues) * per_queue + RING_AREA_ALIGN) as usize;
+        let size = cfg.memory_bytes.max(need).next_multiple_of(2 << 20);
+        let mem = Arc::new(GuestMem::new(size)?);
+
+        fe.set_features(acked).map_err(v("SET_FEATURES"))?;
+        fe.set_mem_table(&[mem.region_info()]).map_err(v("SET_MEM_TABLE"))?;
+
+        let mut queues = Vec::new();
+        let mut base = RING_AREA_ALIGN;
+        for q in 0..usize::from(cfg.queues) {
+            let n = u64::from(cfg.queue_size);
+            let desc = base;
+            let avail = desc + 16 * n;
+            let used = align(avail + 6 + 2 * n, RING_AREA_ALIGN);
+            let slots_base = base + ring_bytes(cfg.queue_size);
+            base += per_queue;
+            let kick = EventFd::new(EFD_NONBLOCK)?;
+            let call = EventFd::new(EFD_NONBLOCK)?;
+            fe.set_vring_num(q, cfg.queue_size).map_err(v("SET_VRING_NUM"))?;
+            fe.set_vring_base(q, 0).map_err(v("SET_VRING_BASE"))?;
+            let addr = VringConfigData {
+                queue_max_size: cfg.queue_size,
+                queue_size: cfg.queue_size,
+                flags: 0,
+                desc_table_addr: mem.va(desc),
+                used_ring_addr: mem.va(used),
+                avail_ring_addr: mem.va(avail),
+                log_addr: None,
+            };
+            fe.set_vring_addr(q, &addr).map_err(v("SET_VRING_ADDR"))?;
+            fe.set_vring_kick(q, &kick).map_err(v("SET_VRING_KICK"))?;
+            fe.set_vring_call(q, &call).map_err(v("SET_VRING_CALL"))?;
+            queues.push(DriverQueue {
+                mem: mem.clone(),
+                size: cfg.queue_size,
+                desc,
+                avail,
+                used,
+                avail_idx: 0,
+                kicked_idx: 0,
+                last_used: 0,
+                event_idx,
+                poll: cfg.dpdk,
+                kick,
+                call,
+                slots_base,
+                slot_size: ssize,
+                nslots,
+                busy: vec![false; usize::from(nslots)],
+                desc_mode: cfg.desc_mode,
+                max_payload: cfg.max_payload,
+            });
+        }
+        if cfg.dpdk {
+            // DPDK 22.11 installs its session handler only once every ring
+            // is enabled (protocol reference §5.7).
+            for q in 0..usize::from(cfg.queues) {
+                fe.set_vring_enable(q, true).map_err(v("SET_VRING_ENABLE"))?;
+            }
+        }
+        Ok(CryptoFrontend { frontend: fe, sock: raw, abi: cfg.session_abi, mem, queues })
+    }
+
+    /// Sends CREATE_CRYPTO_SESSION and returns the backend's session id
+    /// (negative on refusal).
+    ///
+    /// # Errors
+    /// Socket failures or a malformed reply.
+    pub fn create_session(&mut self, info: &SymSessionInfo) -> Result<i64, Error> {
+        let msg = create_request(self.abi, info);
+        self.sock.write_all(&msg)?;
+        let mut hdr = [0u8; VHOST_USER_HDR_SIZE];
+        self.sock.read_exact(&mut hdr)?;
+        let (req, flags, size) = decode_header(&hdr);
+        let size = size as usize;
+        if req != VHOST_USER_CREATE_CRYPTO_SESSION || flags != 0x5 || size > VHOST_USER_MAX_PAYLOAD {
+            return Err(Error::BadReply(format!("request {req} flags {flags:#x} size {size}")));
+        }
+        let mut payload = vec![0u8; size];
+        self.sock.read_exact(&mut payload)?;
+        if size != self.abi.size() {
+            return Err(Error::BadReply(format!("size {size}, sent {}", self.abi.size())));
+        }
+        reply_session_id(&payload, self.abi).ok_or_else(|| Error::BadReply("short".into()))
+    }
+
+    /// Sends CLOSE_CRYPTO_SESSION (no reply is expected).
+    ///
+    /// # Errors
+    /// Socket failures.
+    pub fn close_session(&mut self, id: u64) -> Result<(), Error> {
+        self.sock.write_all(&close_request(id))?;
+        Ok(())
+    }
+
+    /// Sends raw bytes on the vhost-user socket (for malformed-message tests).
+    ///
+    /// # Errors
+    /// Socket failures.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        self.sock.write_all(bytes)?;
+        Ok(())
+    }
+
+    /// Asks the backend for ring `q`'s base (stops the ring), as a frontend
+    /// does on shutdown.
+    ///
+    /// # Errors
+    /// Protocol failures.
+    pub fn get_vring_base(&mut self, q: usize) -> Result<u32, Error> {
+        self.frontend.get_vring_base(q).map_err(|e| Error::Vhost("GET_VRING_BASE", e))
+    }
+}

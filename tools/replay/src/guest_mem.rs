@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! memfd-backed "guest" memory shared with the backend through
+//! `SET_MEM_TABLE`: one region at guest-physical address 0.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use vhost::VhostUserMemoryRegionInfo;
+
+/// A shared memory region mapped into this process.
+pub struct GuestMem {
+    file: File,
+    ptr: *mut u8,
+    size: usize,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this struct for its
+// whole life; all access goes through bounds-checked methods.
+unsafe impl Send for GuestMem {}
+// SAFETY: as above; concurrent accesses are byte copies or atomics.
+unsafe impl Sync for GuestMem {}
+
+impl GuestMem {
+    /// Creates and maps `size` bytes of memfd memory.
+    ///
+    /// # Errors
+    /// memfd_create, ftruncate or mmap failed.
+    pub fn new(size: usize) -> io::Result<Self> {
+        // SAFETY: the name is a valid NUL-terminated string.
+        let fd = unsafe { libc::memfd_create(c"vhost-crypto-replay".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(size as u64)?;
+        // SAFETY: mapping a file we own, shared, with a valid length; the
+        // result is checked against MAP_FAILED.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(GuestMem { file, ptr: ptr.cast(), size })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The region as `SET_MEM_TABLE` describes it (userspace address = our mapping).
+    pub fn region_info(&self) -> VhostUserMemoryRegionInfo {
+        VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: self.size as u64,
+            userspace_addr: self.ptr as u64,
+            mmap_offset: 0,
+            mmap_handle: self.file.as_raw_fd(),
+        }
+    }
+
+    /// Our virtual address of guest address `gpa` (for `SET_VRING_ADDR`).
+    pub fn va(&self, gpa: u64) -> u64 {
+        self.ptr as u64 + gpa
+    }
+
+    fn check(&self, gpa: u64, len: usize) -> usize {
+        let off = usize::try_from(gpa).expect("gpa fits usize");
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.size), "guest access out of range");
+        off
+    }
+
+    /// Writes bytes at `gpa`.
+    pub fn write(&self, gpa: u64, data: &[u8]) {
+        let off = self.check(gpa, data.len());
+        // SAFETY: in bounds (checked); the source is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+    }
+
+    /// Reads bytes at `gpa`.
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) {
+        let off = self.check(gpa, buf.len());
+        // SAFETY: in bounds (checked); the destination is a distinct buffer.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), buf.as_mut_ptr(), buf.len()) };
+    }
+
+    /// Fills `len` bytes at `gpa` with `byte`.
+    pub fn fill(&self, gpa: u64, len: usize, byte: u8) {
+        let off = self.check(gpa, len);
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.add(off), byte, len) };
+    }
+
+    /// Reads one byte.
+    pub fn read_u8(&self, gpa: u64) -> u8 {
+        let mut b = [0u8];
+        self.read(gpa, &mut b);
+        b[0]
+    }
+
+    /// Reads a little-endian u32.
+    pub fn read_u32(&self, gpa: u64) -> u32 {
+        let mut b = [0u8; 4];
+        self.read(gpa, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    /// Writes a little-endian u16 (plain store).
+    pub fn write_u16(&self, gpa: u64, v: u16) {
+        self.write(gpa, &v.to_le_bytes());
+    }
+
+    fn atomic_u16(&self, gpa: u64) -> &AtomicU16 {
+        assert!(gpa % 2 == 0, "unaligned ring index");
+        let off = self.check(gpa, 2);
+        // SAFETY: in bounds and 2-aligned (mmap is page aligned); the memory
+        // lives as long as self.
+        unsafe { AtomicU16::from_ptr(self.ptr.add(off).cast()) }
+    }
+
+    /// Loads a ring index with Acquire ordering.
+    pub fn load_u16_acquire(&self, gpa: u64) -> u16 {
+        u16::from_le(self.atomic_u16(gpa).load(Ordering::Acquire))
+    }
+
+    /// Stores a ring index with Release ordering.
+    pub fn store_u16_release(&self, gpa: u64, v: u16) {
+        self.atomic_u16(gpa).store(v.to_le(), Ordering::Release);
+    }
+}
+
+impl Drop for GuestMem {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.size) };
+    }
+}
