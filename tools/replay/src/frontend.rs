@@ -79,6 +79,8 @@ pub struct FrontendConfig {
     pub queue_depth: u16,
     /// Largest request payload (src = dst) in bytes.
     pub max_payload: usize,
+    /// Largest IV in bytes (16 for AES-CBC; more for malformed requests).
+    pub max_iv: usize,
     /// Guest memory size; 0 = sized to fit.
     pub memory_bytes: usize,
     /// Session payload layout.
@@ -115,6 +117,7 @@ pub struct DriverQueue {
     busy: Vec<bool>,
     desc_mode: DescMode,
     max_payload: usize,
+    max_iv: usize,
 }
 
 /// Where a request's buffers live in guest memory.
@@ -153,8 +156,8 @@ fn ring_bytes(size: u16) -> u64 {
     align(16 * n + 6 + 2 * n, RING_AREA_ALIGN) + align(6 + 8 * n, RING_AREA_ALIGN)
 }
 
-fn slot_size(max_payload: usize) -> usize {
-    let raw = 72 + 16 + 2 * max_payload + 1 + 16 * usize::from(DESCS_PER_REQUEST);
+fn slot_size(max_payload: usize, max_iv: usize) -> usize {
+    let raw = 72 + max_iv + 2 * max_payload + 1 + 16 * usize::from(DESCS_PER_REQUEST);
     raw.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
 }
 
@@ -171,13 +174,14 @@ impl DriverQueue {
     pub fn layout(&self, slot: u16) -> SlotLayout {
         let base = self.slots_base + u64::from(slot) * self.slot_size as u64;
         let p = self.max_payload as u64;
+        let src = base + 72 + self.max_iv as u64;
         SlotLayout {
             hdr: base,
             iv: base + 72,
-            src: base + 88,
-            dst: base + 88 + p,
-            status: base + 88 + 2 * p,
-            table: align(base + 88 + 2 * p + 1, 16),
+            src,
+            dst: src + p,
+            status: src + 2 * p,
+            table: align(src + 2 * p + 1, 16),
         }
     }
 
@@ -199,12 +203,12 @@ impl DriverQueue {
     }
 
     /// Makes a plain cipher request available in `slot`, whose header, IV
-    /// and src the caller has written; `len` = src = dst bytes.
-    pub fn submit(&mut self, slot: u16, len: u32) {
+    /// and src the caller has written; `iv_len` IV bytes, `len` = src = dst bytes.
+    pub fn submit(&mut self, slot: u16, iv_len: u32, len: u32) {
         let l = self.layout(slot);
         let descs = [
             (l.hdr, 72, 0),
-            (l.iv, 16, 0),
+            (l.iv, iv_len, 0),
             (l.src, len, 0),
             (l.dst, len, VRING_DESC_F_WRITE),
             (l.status, 1, VRING_DESC_F_WRITE),
@@ -372,7 +376,7 @@ impl CryptoFrontend {
         if nslots == 0 || cfg.queue_depth == 0 || cfg.queue_depth > nslots {
             return Err(Error::Missing("a queue large enough for the queue depth"));
         }
-        let ssize = slot_size(cfg.max_payload);
+        let ssize = slot_size(cfg.max_payload, cfg.max_iv);
         let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nslots) * ssize as u64, RING_AREA_ALIGN);
         let need = (u64::from(cfg.queues) * per_queue + RING_AREA_ALIGN) as usize;
         let size = cfg.memory_bytes.max(need).next_multiple_of(2 << 20);
@@ -425,6 +429,7 @@ impl CryptoFrontend {
                 busy: vec![false; usize::from(nslots)],
                 desc_mode: cfg.desc_mode,
                 max_payload: cfg.max_payload,
+                max_iv: cfg.max_iv,
             });
         }
         if cfg.dpdk {
@@ -460,12 +465,15 @@ impl CryptoFrontend {
         reply_session_id(&payload, self.abi).ok_or_else(|| Error::BadReply("short".into()))
     }
 
-    /// Sends CLOSE_CRYPTO_SESSION (no reply is expected).
+    /// Sends CLOSE_CRYPTO_SESSION (which has no reply), then a GET_FEATURES
+    /// round trip: a backend handles messages in order, so once that reply
+    /// is back the close has taken effect and later requests see it.
     ///
     /// # Errors
     /// Socket failures.
     pub fn close_session(&mut self, id: u64) -> Result<(), Error> {
         self.sock.write_all(&close_request(id))?;
+        self.frontend.get_features().map_err(|e| Error::Vhost("GET_FEATURES", e))?;
         Ok(())
     }
 

@@ -1,8 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vhost-crypto-replay`: a vhost-user frontend that replays virtio-crypto
 //! request traces against a backend, checks every result and measures.
+//!
+//! Modules: [`guest_mem`] (memfd guest memory), [`frontend`] (vhost-user
+//! negotiation, driver-side rings, session messages), [`trace`] (the JSON
+//! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
+//! (benchmark traces), [`spawn`] (`--spawn-daemon`).
 
 #![deny(missing_docs)]
 
 pub mod frontend;
+pub mod gen;
 pub mod guest_mem;
+pub mod replay;
+pub mod spawn;
+pub mod trace;
