@@ -58,7 +58,9 @@ impl From<Args> for Config {
             socket_path: a.socket_path,
             queues: usize::from(a.queues),
             max_sessions: a.max_sessions as usize,
-            limits: RequestLimits { max_request_bytes: a.max_request_bytes },
+            limits: RequestLimits {
+                max_request_bytes: a.max_request_bytes,
+            },
             session_abi: match a.session_abi {
                 SessionAbiArg::Auto => AbiChoice::Auto,
                 SessionAbiArg::A => AbiChoice::Fixed(SessionAbi::A),
@@ -85,8 +87,17 @@ mod tests {
     #[test]
     fn overrides_and_bad_values() {
         let c: Config = Args::parse_from([
-            "x", "--socket-path", "/s", "--queues", "4", "--max-sessions", "8",
-            "--max-request-bytes", "4096", "--session-abi", "b",
+            "x",
+            "--socket-path",
+            "/s",
+            "--queues",
+            "4",
+            "--max-sessions",
+            "8",
+            "--max-request-bytes",
+            "4096",
+            "--session-abi",
+            "b",
         ])
         .into();
         assert_eq!((c.queues, c.max_sessions), (4, 8));

@@ -54,7 +54,12 @@ impl CryptoBackend {
         let exit = (0..queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
-        Ok(CryptoBackend { queues, mem: RwLock::new(None), workers, exit })
+        Ok(CryptoBackend {
+            queues,
+            mem: RwLock::new(None),
+            workers,
+            exit,
+        })
     }
 
     /// Requests completed on each queue so far.
@@ -79,7 +84,12 @@ impl CryptoBackend {
         if !q.ready() {
             return Ok(());
         }
-        let addrs = RingAddrs { size: q.size(), desc: q.desc_table(), avail: q.avail_ring(), used: q.used_ring() };
+        let addrs = RingAddrs {
+            size: q.size(),
+            desc: q.desc_table(),
+            avail: q.avail_ring(),
+            used: q.used_ring(),
+        };
         let mut next_avail = q.next_avail();
         let mut next_used = q.next_used();
         let r = worker.process(&mem, addrs, &mut next_avail, &mut next_used);
@@ -126,6 +136,15 @@ impl VhostUserBackend for CryptoBackend {
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemory_>) -> io::Result<()> {
         if let Ok(mut m) = self.mem.write() {
             *m = Some(mem);
+        }
+        Ok(())
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // GET_VRING_BASE: the ring is stopped; a queue stopped for a broken
+        // ring may be set up again at the same addresses afterwards.
+        if let Some(w) = self.workers.get(queue_index as usize) {
+            w.lock().unwrap_or_else(|e| e.into_inner()).reset();
         }
         Ok(())
     }

@@ -81,7 +81,10 @@ impl Drop for Message {
 /// Receives into `buf`, returning bytes read and the fds that came with them.
 fn recv_some(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<File>)> {
     let mut fds = [-1 as RawFd; MAX_ATTACHED_FDS];
-    let mut iov = [libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() }];
+    let mut iov = [libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    }];
     // SAFETY: the iovec points to `buf`, which is exclusively borrowed and
     // may receive arbitrary bytes.
     let (n, nfds) = unsafe { sock.recv_with_fds(&mut iov, &mut fds) }.map_err(io::Error::from)?;
@@ -190,7 +193,10 @@ fn pump_requests(
                 Err(e) => warn!("CLOSE_CRYPTO_SESSION ignored: {e}"),
             },
             _ => {
-                debug!("forwarding request {request} (flags {flags:#x}, {} fds)", msg.fds.len());
+                debug!(
+                    "forwarding request {request} (flags {flags:#x}, {} fds)",
+                    msg.fds.len()
+                );
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
                 }
@@ -218,7 +224,11 @@ fn pump_requests(
 /// `SET_VRING_ENABLE(index, 1)`, flags = version 1 (no NEED_REPLY).
 fn enable_message(index: u32) -> [u8; VHOST_USER_HDR_SIZE + 8] {
     let mut m = [0u8; VHOST_USER_HDR_SIZE + 8];
-    m[..VHOST_USER_HDR_SIZE].copy_from_slice(&encode_header(VHOST_USER_SET_VRING_ENABLE, VHOST_USER_VERSION, 8));
+    m[..VHOST_USER_HDR_SIZE].copy_from_slice(&encode_header(
+        VHOST_USER_SET_VRING_ENABLE,
+        VHOST_USER_VERSION,
+        8,
+    ));
     m[12..16].copy_from_slice(&index.to_le_bytes());
     m[16..20].copy_from_slice(&1u32.to_le_bytes());
     m
@@ -239,7 +249,10 @@ pub fn handle_create(registry: &mut SessionRegistry, payload: &[u8], abi: AbiCho
             -(Status::Err as i64)
         }
         None => {
-            warn!("CREATE_CRYPTO_SESSION refused: payload of {} bytes matches no layout", payload.len());
+            warn!(
+                "CREATE_CRYPTO_SESSION refused: payload of {} bytes matches no layout",
+                payload.len()
+            );
             -(Status::Err as i64)
         }
     };

@@ -91,13 +91,26 @@ impl Ring {
         let desc = map_contiguous(mem, a.desc, n * DESC_SIZE).ok_or(QueueError::BadRingMemory)?;
         let avail = map_contiguous(mem, a.avail, 6 + 2 * n).ok_or(QueueError::BadRingMemory)?;
         let used = map_contiguous(mem, a.used, 6 + 8 * n).ok_or(QueueError::BadRingMemory)?;
-        Ok(Ring { size: a.size, desc, avail, used })
+        // The ring fields are accessed as u16/u32 through host pointers: an
+        // aligned GPA gives an aligned host address only when the region's
+        // guest start is aligned too, which a memory table does not promise.
+        if avail as usize % 2 != 0 || used as usize % 4 != 0 {
+            return Err(QueueError::BadRingMemory);
+        }
+        Ok(Ring {
+            size: a.size,
+            desc,
+            avail,
+            used,
+        })
     }
 
     fn avail_idx(&self) -> u16 {
-        // SAFETY: avail is mapped for 6 + 2n bytes and 2-byte aligned (the
-        // mmap base is page aligned and the GPA is checked); byte 2 holds idx.
-        unsafe { AtomicU16::from_ptr(self.avail.add(2) as *mut u16) }.load(Ordering::Acquire).to_le()
+        // SAFETY: avail is mapped for 6 + 2n bytes and its host address is
+        // 2-byte aligned (checked in `map`); byte 2 holds idx.
+        unsafe { AtomicU16::from_ptr(self.avail.add(2) as *mut u16) }
+            .load(Ordering::Acquire)
+            .to_le()
     }
 
     fn avail_entry(&self, i: u16) -> u16 {
@@ -149,9 +162,17 @@ impl QueueWorker {
         }
     }
 
+    /// Forgets a stopped ring (the frontend stopped the ring with
+    /// GET_VRING_BASE; it may set it up again at the same addresses).
+    pub fn reset(&mut self) {
+        self.stopped = None;
+    }
+
     /// Processes everything available on the ring, updating `next_avail`
     /// and `next_used`. A ring that is broken (bad size or memory, or an
     /// avail index that jumped past the queue size) is stopped: logged once,
+    /// never processed again until the frontend sets it up anew (other
+    /// addresses) or stops it ([`QueueWorker::reset`]).
     /// never processed again until the frontend sets it up anew.
     pub fn process(
         &mut self,
@@ -169,6 +190,7 @@ impl QueueWorker {
             Err((e, r)) => {
                 error!("data queue stopped: {e}");
                 self.stopped = Some(addrs);
+                self.completed += u64::from(r.completed);
                 r
             }
         }
@@ -189,7 +211,12 @@ impl QueueWorker {
             let ahead = avail.wrapping_sub(*next_avail);
             if ahead > ring.size {
                 return Err((
-                    QueueError::AvailIndexJump { avail, next_avail: *next_avail, ahead, size: ring.size },
+                    QueueError::AvailIndexJump {
+                        avail,
+                        next_avail: *next_avail,
+                        ahead,
+                        size: ring.size,
+                    },
                     result,
                 ));
             }

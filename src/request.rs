@@ -25,8 +25,8 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRe
 
 use crate::sessions::SessionTable;
 use crate::wire::{
-    OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC,
-    VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+    OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_DECRYPT,
+    VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
 /// Guest memory type used by the daemon (no dirty-page bitmap).
@@ -257,12 +257,16 @@ impl ChainWalker {
     /// without translating), appends its segments to the readable or
     /// writable stream, and tracks where the status byte is.
     fn add_buffer(&mut self, mem: &GuestMemory_, d: Desc) {
+        // A zero-length descriptor carries no bytes: it is skipped entirely,
+        // whatever its address and direction flag (hostile-guest case H17).
+        // Its flag must not decide the readable/writable order either, as a
+        // zero-length writable one already did not.
+        if d.len == 0 {
+            return;
+        }
         let write = d.flags & VRING_DESC_F_WRITE != 0;
         if !write && self.seen_writable {
             self.set_fault(ChainFault::ReadableAfterWritable);
-        }
-        if d.len == 0 {
-            return;
         }
         if write {
             self.seen_writable = true;
@@ -306,7 +310,11 @@ impl ChainWalker {
                 self.set_fault(ChainFault::Unmapped);
                 return false;
             };
-            let list = if write { &mut self.writable } else { &mut self.readable };
+            let list = if write {
+                &mut self.writable
+            } else {
+                &mut self.readable
+            };
             if list.len() == MAX_SEGMENTS {
                 self.set_fault(ChainFault::TooManySegments);
                 return false;
@@ -359,7 +367,8 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
     // SAFETY: in bounds per the contract; volatile because the guest may
     // change the table at any time, and a plain read could be re-done by
     // the compiler (the copy is what we validate and use).
-    let raw = unsafe { ptr::read_volatile(table.add(usize::from(idx) * DESC_SIZE) as *const [u8; DESC_SIZE]) };
+    let raw =
+        unsafe { ptr::read_volatile(table.add(usize::from(idx) * DESC_SIZE) as *const [u8; DESC_SIZE]) };
     Desc::from_bytes(raw)
 }
 
@@ -399,7 +408,11 @@ impl<'a> Cursor<'a> {
             offset -= segs[idx].len;
             idx += 1;
         }
-        Cursor { segs, idx, off: offset }
+        Cursor {
+            segs,
+            idx,
+            off: offset,
+        }
     }
 
     /// The contiguous piece at the cursor: (pointer, bytes left in it).
@@ -463,9 +476,23 @@ impl<'a> Cursor<'a> {
 /// Where a source piece and a destination piece are both contiguous, the
 /// cipher runs directly on them (same memory: in place; disjoint: buffer to
 /// buffer). A block that straddles a descriptor or region boundary, or
-/// source and destination that partly overlap, go through a 16-byte local
-/// block, read before it is written.
-fn run_cipher(stream: &mut CbcStream, readable: &[Segment], src_off: usize, writable: &[Segment], len: usize) {
+/// source and destination pieces that partly overlap, go through a 16-byte
+/// local block, read before it is written.
+///
+/// Source and destination that are the same bytes at the same stream
+/// offsets (Linux's in-place requests, however the descriptors cut them)
+/// give exact AES-CBC. Buffers that overlap at *different* offsets are not
+/// a supported request: the result stays inside the request's writable
+/// buffers, but output written early may be read back as later input, so
+/// the bytes are not AES-CBC of the original source (the guest only harms
+/// its own data; no driver sends this).
+fn run_cipher(
+    stream: &mut CbcStream,
+    readable: &[Segment],
+    src_off: usize,
+    writable: &[Segment],
+    len: usize,
+) {
     let mut src = Cursor::new(readable, src_off);
     let mut dst = Cursor::new(writable, 0);
     let mut left = len;
@@ -473,8 +500,8 @@ fn run_cipher(stream: &mut CbcStream, readable: &[Segment], src_off: usize, writ
         let (sp, sl) = src.chunk();
         let (dp, dl) = dst.chunk();
         let n = sl.min(dl).min(left) & !15;
-        let disjoint = (sp as usize).saturating_add(n) <= dp as usize
-            || (dp as usize).saturating_add(n) <= sp as usize;
+        let disjoint =
+            (sp as usize).saturating_add(n) <= dp as usize || (dp as usize).saturating_add(n) <= sp as usize;
         if n >= 16 && (sp == dp || disjoint) {
             if sp == dp {
                 // SAFETY: dp is mapped for n (≤ dl) bytes of a device-writable
@@ -488,7 +515,10 @@ fn run_cipher(stream: &mut CbcStream, readable: &[Segment], src_off: usize, writ
                 // and does not overlap dst (checked), so the shared and the
                 // mutable slice do not alias.
                 let (input, output) = unsafe {
-                    (std::slice::from_raw_parts(sp as *const u8, n), std::slice::from_raw_parts_mut(dp, n))
+                    (
+                        std::slice::from_raw_parts(sp as *const u8, n),
+                        std::slice::from_raw_parts_mut(dp, n),
+                    )
                 };
                 let _ = stream.process_b2b(input, output);
             }
@@ -540,9 +570,15 @@ fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
             // SAFETY: p points to the mapped last byte of a device-writable
             // buffer of this chain.
             unsafe { ptr::write_volatile(p, status as u8) };
-            Completion { used_len: written + 1, status: Some(status) }
+            Completion {
+                used_len: written + 1,
+                status: Some(status),
+            }
         }
-        None => Completion { used_len: 0, status: None },
+        None => Completion {
+            used_len: 0,
+            status: None,
+        },
     }
 }
 
@@ -595,7 +631,13 @@ fn execute(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> R
         return Err(Status::Err);
     }
     let mut stream = start(&session.key, direction, &iv);
-    run_cipher(&mut stream, &w.readable, src_off as usize, &w.writable, len as usize);
+    run_cipher(
+        &mut stream,
+        &w.readable,
+        src_off as usize,
+        &w.writable,
+        len as usize,
+    );
     Ok(h.dst_data_len)
 }
 

@@ -471,7 +471,11 @@ mod tests {
     fn size_mismatch_is_an_error() {
         assert!(matches!(
             decode_create(&fixture_c(), SessionAbi::B),
-            Err(SessionMsgError::SizeMismatch { got: 1072, want: 632, .. })
+            Err(SessionMsgError::SizeMismatch {
+                got: 1072,
+                want: 632,
+                ..
+            })
         ));
     }
 
@@ -492,17 +496,17 @@ mod tests {
             assert!(p[56..120].iter().all(|&b| b == 0), "key not echoed");
             assert_eq!(reply_session_id(p, abi), Some(7));
             let r = create_reply(&fx, Some(abi), -3);
-            assert_eq!(&r[12 + off..12 + off + 8], &[0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+            assert_eq!(
+                &r[12 + off..12 + off + 8],
+                &[0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]
+            );
         }
     }
 
     #[test]
     fn close_framing() {
         let m = close_request(0x0102_0304_0506_0708);
-        assert_eq!(
-            m,
-            [27, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1]
-        );
+        assert_eq!(m, [27, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1]);
         assert_eq!(decode_close(&m[12..]), Ok(0x0102_0304_0506_0708));
         assert_eq!(decode_close(&[0; 7]), Err(SessionMsgError::BadCloseSize(7)));
     }

@@ -23,8 +23,8 @@ use log::{debug, warn};
 
 use crate::session_msg::SymSessionInfo;
 use crate::wire::{
-    Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION,
-    VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+    Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION, VIRTIO_CRYPTO_OP_DECRYPT,
+    VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
 /// Largest table capacity reserved up front (more sessions still work, the
@@ -44,7 +44,7 @@ pub struct Session {
 #[derive(Debug)]
 pub enum SessionEvent {
     /// A new session.
-    Created(u64, Session),
+    Created(u64, Box<Session>),
     /// A session was closed.
     Closed(u64),
 }
@@ -118,9 +118,12 @@ impl SessionRegistry {
         let session = Session { direction, key };
         for w in &self.workers {
             // A worker that is gone has no table to update.
-            let _ = w.send(SessionEvent::Created(id, session.clone()));
+            let _ = w.send(SessionEvent::Created(id, Box::new(session.clone())));
         }
-        debug!("session {id} created ({direction:?}, {} bits)", session.key.key_bits());
+        debug!(
+            "session {id} created ({direction:?}, {} bits)",
+            session.key.key_bits()
+        );
         id as i64
     }
 
@@ -159,7 +162,7 @@ impl SessionTable {
         while let Ok(ev) = self.events.try_recv() {
             match ev {
                 SessionEvent::Created(id, s) => {
-                    self.map.insert(id, s);
+                    self.map.insert(id, *s);
                 }
                 // Dropping the session zeroizes its key schedule.
                 SessionEvent::Closed(id) => drop(self.map.remove(&id)),

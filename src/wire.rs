@@ -20,8 +20,7 @@ pub const VIRTIO_CRYPTO_CIPHER_ENCRYPT: u32 = virtio_crypto_opcode(VIRTIO_CRYPTO
 /// Data opcode: symmetric cipher decrypt (0x0001).
 pub const VIRTIO_CRYPTO_CIPHER_DECRYPT: u32 = virtio_crypto_opcode(VIRTIO_CRYPTO_SERVICE_CIPHER, 1);
 /// Control opcode: create a cipher session (0x0002).
-pub const VIRTIO_CRYPTO_CIPHER_CREATE_SESSION: u32 =
-    virtio_crypto_opcode(VIRTIO_CRYPTO_SERVICE_CIPHER, 2);
+pub const VIRTIO_CRYPTO_CIPHER_CREATE_SESSION: u32 = virtio_crypto_opcode(VIRTIO_CRYPTO_SERVICE_CIPHER, 2);
 /// Control opcode: create an asymmetric-cipher session (0x0404).
 pub const VIRTIO_CRYPTO_AKCIPHER_CREATE_SESSION: u32 = virtio_crypto_opcode(4, 4);
 

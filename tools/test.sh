@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The project's test command (README "Testing", and what .ci/run runs).
+# Installs what the tests need on a Debian 12 machine, builds the guest
+# image and QEMU 10 for the end-to-end test, then runs fmt, clippy, the
+# whole workspace's tests (including the QEMU end-to-end test with QEMU 7.2
+# and 10.0) and the shipped known-answer traces through the replay tool.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\n== %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+need_pkgs=()
+for p in qemu-system-x86 busybox-static kmod cpio xz-utils libssl-dev pkg-config; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
+done
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    log "installing ${need_pkgs[*]}"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_pkgs[@]}"
+fi
+for c in clippy rustfmt; do
+    if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        rustup component add "$c"
+    fi
+done
+
+log "formatting and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+log "guest image and QEMU 10.0 (for the end-to-end test)"
+bash tools/guest/build-image.sh
+bash tools/guest/fetch-qemu10.sh
+
+log "tests"
+export VUC_REQUIRE_QEMU=1
+cargo build --release --workspace
+cargo test --release --workspace
+
+log "replay of the shipped known-answer traces against the daemon"
+for t in nist-sp800-38a wycheproof-aes-cbc status-policy; do
+    for abi in a b c; do
+        target/release/vhost-crypto-replay --spawn-daemon --session-abi "$abi" --json "tools/traces/$t.jsonl" \
+            | tee /dev/stderr | grep -q '"mismatches":0'
+    done
+done
+target/release/vhost-crypto-replay --spawn-daemon tools/traces/default.jsonl
+log "all tests passed"
