@@ -31,6 +31,7 @@ use log::{debug, info, warn};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use zeroize::Zeroize;
 
+use crate::request::MAX_QUEUE_SIZE;
 use crate::session_msg::{
     create_reply, decode_close, decode_create, decode_header, encode_header, SessionAbi,
     VHOST_USER_CLOSE_CRYPTO_SESSION, VHOST_USER_CREATE_CRYPTO_SESSION, VHOST_USER_HDR_SIZE,
@@ -41,6 +42,8 @@ use crate::wire::Status;
 
 /// `VHOST_USER_SET_FEATURES`.
 pub const VHOST_USER_SET_FEATURES: u32 = 2;
+/// `VHOST_USER_SET_VRING_NUM`.
+pub const VHOST_USER_SET_VRING_NUM: u32 = 8;
 /// `VHOST_USER_SET_VRING_KICK`.
 pub const VHOST_USER_SET_VRING_KICK: u32 = 12;
 /// `VHOST_USER_SET_VRING_ENABLE`.
@@ -197,6 +200,19 @@ fn pump_requests(
                     "forwarding request {request} (flags {flags:#x}, {} fds)",
                     msg.fds.len()
                 );
+                if request == VHOST_USER_SET_VRING_NUM && msg.payload.len() == 8 {
+                    // vhost-user-backend only checks 1..=max; virtio-queue then
+                    // silently keeps the old size for a non-power of two. A
+                    // split ring must be a power of two (VIRTIO 1.2 §2.7):
+                    // refuse it with a clean disconnect.
+                    let num = u32::from_le_bytes(msg.payload[4..8].try_into().unwrap_or_default());
+                    if num == 0 || num > u32::from(MAX_QUEUE_SIZE) || !num.is_power_of_two() {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("SET_VRING_NUM {num} is not a power of two in 1..=32768"),
+                        ));
+                    }
+                }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
                 }

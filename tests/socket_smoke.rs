@@ -10,12 +10,17 @@ use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
 use vhost_user_crypto::wire::OpDataReq;
 
-const KEY: [u8; 16] = [0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6, 0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c];
+const KEY: [u8; 16] = [
+    0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6, 0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c,
+];
 const PT: &str = "6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e5130c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710";
 const CT: &str = "7649abac8119b246cee98e9b12e9197d5086cb9b507219ee95db113a917678b273bed6b8e3c1743b7116e69e222295163ff1caa1681fac09120eca307586e1a7";
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 struct Daemon {
@@ -42,10 +47,17 @@ fn spawn_daemon(extra: &[&str]) -> Daemon {
         .unwrap();
     let start = Instant::now();
     while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not create its socket");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "daemon did not create its socket"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
-    Daemon { child, _dir: dir, sock }
+    Daemon {
+        child,
+        _dir: dir,
+        sock,
+    }
 }
 
 fn config(abi: SessionAbi, mode: DescMode) -> FrontendConfig {
@@ -63,7 +75,13 @@ fn config(abi: SessionAbi, mode: DescMode) -> FrontendConfig {
 }
 
 fn session(direction: u8) -> SymSessionInfo {
-    let mut i = SymSessionInfo { cipher_alg: 3, key_len: 16, op_type: 1, direction, ..Default::default() };
+    let mut i = SymSessionInfo {
+        cipher_alg: 3,
+        key_len: 16,
+        op_type: 1,
+        direction,
+        ..Default::default()
+    };
     i.cipher_key[..16].copy_from_slice(&KEY);
     i
 }
@@ -136,7 +154,8 @@ fn nist_over_socket_all_layouts_and_reconnect() {
 fn session_ids_restart_per_connection_and_bad_creates_do_not_disconnect() {
     let daemon = spawn_daemon(&["--max-sessions", "2"]);
     for _ in 0..2 {
-        let mut fe = CryptoFrontend::connect(&daemon.sock, &config(SessionAbi::C, DescMode::Indirect)).unwrap();
+        let mut fe =
+            CryptoFrontend::connect(&daemon.sock, &config(SessionAbi::C, DescMode::Indirect)).unwrap();
         let mut bad = session(1);
         bad.key_len = 17;
         assert!(fe.create_session(&bad).unwrap() < 0);
@@ -146,4 +165,73 @@ fn session_ids_restart_per_connection_and_bad_creates_do_not_disconnect() {
         let (st, len, dst) = run_one(&mut fe, 0, 1, &hex(PT));
         assert_eq!((st, len, dst), (0, 65, hex(CT)));
     }
+}
+
+/// H16: ring fields from the frontend are validated: SET_VRING_NUM 0, 3
+/// and 65535 and SET_VRING_BASE for ring 0x10001 get an error or a clean
+/// disconnect, never a crash; the next frontend is served normally.
+#[test]
+fn h16_bad_ring_messages_then_a_new_frontend_works() {
+    use std::io::{Read, Write};
+    let daemon = spawn_daemon(&[]);
+    // (request, index, num): SET_VRING_NUM = 8, SET_VRING_BASE = 10.
+    for (req, index, num) in [
+        (8u32, 0u32, 0u32),
+        (8, 0, 3),
+        (8, 0, 65535),
+        (10, 0x10001, 0),
+        (8, 7, 256),
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(&daemon.sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut msg = Vec::new();
+        let mut put = |req: u32, flags: u32, payload: &[u8]| {
+            msg.extend_from_slice(&req.to_le_bytes());
+            msg.extend_from_slice(&flags.to_le_bytes());
+            msg.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            msg.extend_from_slice(payload);
+        };
+        // SET_FEATURES(PROTOCOL_FEATURES), SET_PROTOCOL_FEATURES(REPLY_ACK |
+        // CRYPTO_SESSION), SET_OWNER, then the bad message with NEED_REPLY.
+        put(2, 1, &(1u64 << 30).to_le_bytes());
+        put(16, 1, &0x88u64.to_le_bytes());
+        put(3, 1, &[]);
+        let mut body = index.to_le_bytes().to_vec();
+        body.extend_from_slice(&num.to_le_bytes());
+        put(req, 0x9, &body);
+        s.write_all(&msg).unwrap();
+        // Either a REPLY_ACK carrying an error (non-zero), or EOF.
+        let mut reply = [0u8; 20];
+        match s.read(&mut reply) {
+            Ok(0) => {}
+            Ok(n) => {
+                assert_eq!(n, 20, "short reply");
+                assert_eq!(&reply[..4], &req.to_le_bytes());
+                let v = u64::from_le_bytes(reply[12..20].try_into().unwrap());
+                assert_ne!(v, 0, "request {req} index {index} num {num} was accepted");
+            }
+            Err(e) => panic!("request {req} index {index} num {num}: no reply and no disconnect: {e}"),
+        }
+    }
+    // The daemon is alive and serves the next frontend with fresh state.
+    nist_roundtrip(&daemon.sock, SessionAbi::B, DescMode::Indirect);
+}
+
+/// A CREATE whose payload matches no layout gets a same-size reply with a
+/// negative id, and the connection goes on.
+#[test]
+fn odd_create_payload_gets_negative_reply_without_disconnect() {
+    let daemon = spawn_daemon(&[]);
+    let mut fe = CryptoFrontend::connect(&daemon.sock, &config(SessionAbi::C, DescMode::Indirect)).unwrap();
+    let mut msg = vec![26, 0, 0, 0, 1, 0, 0, 0, 100, 0, 0, 0];
+    msg.extend_from_slice(&[0x41; 100]);
+    fe.send_raw(&msg).unwrap();
+    let reply = fe.recv_raw_reply().unwrap();
+    assert_eq!(&reply[..12], &[26, 0, 0, 0, 5, 0, 0, 0, 100, 0, 0, 0]);
+    let id = i64::from_le_bytes(reply[12..20].try_into().unwrap());
+    assert!(id < 0, "odd payload got id {id}");
+    let ok = fe.create_session(&session(1)).unwrap();
+    assert!(ok >= 1);
+    let (st, len, dst) = run_one(&mut fe, 0, ok as u64, &hex(PT));
+    assert_eq!((st, len, dst), (0, 65, hex(CT)));
 }

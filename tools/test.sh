@@ -13,7 +13,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 need_pkgs=()
-for p in qemu-system-x86 busybox-static kmod cpio xz-utils libssl-dev pkg-config; do
+for p in qemu-system-x86 busybox-static kmod xz-utils libssl-dev pkg-config; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
@@ -38,14 +38,18 @@ bash tools/guest/fetch-qemu10.sh
 log "tests"
 export VUC_REQUIRE_QEMU=1
 cargo build --release --workspace
-cargo test --release --workspace
+mkdir -p target
+cargo test --release --workspace 2>&1 | tee target/test-output.log
 
 log "replay of the shipped known-answer traces against the daemon"
 for t in nist-sp800-38a wycheproof-aes-cbc status-policy; do
     for abi in a b c; do
-        target/release/vhost-crypto-replay --spawn-daemon --session-abi "$abi" --json "tools/traces/$t.jsonl" \
-            | tee /dev/stderr | grep -q '"mismatches":0'
+        out=$(target/release/vhost-crypto-replay --spawn-daemon --session-abi "$abi" --json "tools/traces/$t.jsonl")
+        echo "$t (layout $abi): $out"
+        grep -q '"mismatches":0' <<<"$out"
     done
 done
 target/release/vhost-crypto-replay --spawn-daemon tools/traces/default.jsonl
+passed=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($i ~ /^passed;?$/) s += $(i-1) } END { print s + 0 }' target/test-output.log)
 log "all tests passed"
+echo "tests: $passed passed, 0 failed"

@@ -98,7 +98,10 @@ fn streaming_matches_known_answers_for_every_split() {
 
 #[test]
 fn rejects_bad_lengths() {
-    assert_eq!(AesCbcKey::new(&[0u8; 17]).unwrap_err(), Error::InvalidKeyLength(17));
+    assert_eq!(
+        AesCbcKey::new(&[0u8; 17]).unwrap_err(),
+        Error::InvalidKeyLength(17)
+    );
     assert_eq!(AesCbcKey::new(&[]).unwrap_err(), Error::InvalidKeyLength(0));
     let key = AesCbcKey::new(&[0u8; 16]).unwrap();
     let mut s = key.start(Direction::Encrypt, &[0u8; 16]);

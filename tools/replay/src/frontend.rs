@@ -225,7 +225,12 @@ impl DriverQueue {
                     };
                     self.mem.write(l.table + 16 * i as u64, &d.to_bytes());
                 }
-                let d = Desc { addr: l.table, len: 16 * descs.len() as u32, flags: VRING_DESC_F_INDIRECT, next: 0 };
+                let d = Desc {
+                    addr: l.table,
+                    len: 16 * descs.len() as u32,
+                    flags: VRING_DESC_F_INDIRECT,
+                    next: 0,
+                };
                 self.mem.write(self.desc + 16 * u64::from(slot), &d.to_bytes());
                 slot
             }
@@ -263,7 +268,9 @@ impl DriverQueue {
         let new = self.avail_idx;
         self.kicked_idx = new;
         let need = if self.event_idx {
-            let event = self.mem.load_u16_acquire(self.used + 4 + 8 * u64::from(self.size));
+            let event = self
+                .mem
+                .load_u16_acquire(self.used + 4 + 8 * u64::from(self.size));
             // vring_need_event(event, new, old)
             new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
         } else {
@@ -311,7 +318,11 @@ impl DriverQueue {
                     std::thread::yield_now();
                 }
             } else {
-                let mut pfd = libc::pollfd { fd: self.call_fd(), events: libc::POLLIN, revents: 0 };
+                let mut pfd = libc::pollfd {
+                    fd: self.call_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 // SAFETY: one valid pollfd.
                 unsafe { libc::poll(&mut pfd, 1, 100) };
                 let _ = self.call.read();
@@ -367,7 +378,8 @@ impl CryptoFrontend {
         if cfg.queues > 1 {
             want |= VhostUserProtocolFeatures::MQ & pf;
         }
-        fe.set_protocol_features(want).map_err(v("SET_PROTOCOL_FEATURES"))?;
+        fe.set_protocol_features(want)
+            .map_err(v("SET_PROTOCOL_FEATURES"))?;
         fe.set_owner().map_err(v("SET_OWNER"))?;
         let acked = features & (F_PROTOCOL_FEATURES | F_VERSION_1 | F_INDIRECT_DESC | F_EVENT_IDX);
         let event_idx = acked & F_EVENT_IDX != 0;
@@ -383,7 +395,8 @@ impl CryptoFrontend {
         let mem = Arc::new(GuestMem::new(size)?);
 
         fe.set_features(acked).map_err(v("SET_FEATURES"))?;
-        fe.set_mem_table(&[mem.region_info()]).map_err(v("SET_MEM_TABLE"))?;
+        fe.set_mem_table(&[mem.region_info()])
+            .map_err(v("SET_MEM_TABLE"))?;
 
         let mut queues = Vec::new();
         let mut base = RING_AREA_ALIGN;
@@ -439,7 +452,13 @@ impl CryptoFrontend {
                 fe.set_vring_enable(q, true).map_err(v("SET_VRING_ENABLE"))?;
             }
         }
-        Ok(CryptoFrontend { frontend: fe, sock: raw, abi: cfg.session_abi, mem, queues })
+        Ok(CryptoFrontend {
+            frontend: fe,
+            sock: raw,
+            abi: cfg.session_abi,
+            mem,
+            queues,
+        })
     }
 
     /// Sends CREATE_CRYPTO_SESSION and returns the backend's session id
@@ -455,7 +474,9 @@ impl CryptoFrontend {
         let (req, flags, size) = decode_header(&hdr);
         let size = size as usize;
         if req != VHOST_USER_CREATE_CRYPTO_SESSION || flags != 0x5 || size > VHOST_USER_MAX_PAYLOAD {
-            return Err(Error::BadReply(format!("request {req} flags {flags:#x} size {size}")));
+            return Err(Error::BadReply(format!(
+                "request {req} flags {flags:#x} size {size}"
+            )));
         }
         let mut payload = vec![0u8; size];
         self.sock.read_exact(&mut payload)?;
@@ -473,7 +494,9 @@ impl CryptoFrontend {
     /// Socket failures.
     pub fn close_session(&mut self, id: u64) -> Result<(), Error> {
         self.sock.write_all(&close_request(id))?;
-        self.frontend.get_features().map_err(|e| Error::Vhost("GET_FEATURES", e))?;
+        self.frontend
+            .get_features()
+            .map_err(|e| Error::Vhost("GET_FEATURES", e))?;
         Ok(())
     }
 
@@ -486,12 +509,31 @@ impl CryptoFrontend {
         Ok(())
     }
 
+    /// Reads one whole message (header + payload) from the socket, e.g. the
+    /// reply to a message sent with [`CryptoFrontend::send_raw`].
+    ///
+    /// # Errors
+    /// Socket failures or a payload over 4096 bytes.
+    pub fn recv_raw_reply(&mut self) -> Result<Vec<u8>, Error> {
+        let mut msg = vec![0u8; VHOST_USER_HDR_SIZE];
+        self.sock.read_exact(&mut msg)?;
+        let (_, _, size) = decode_header(msg[..VHOST_USER_HDR_SIZE].try_into().unwrap_or(&[0; 12]));
+        if size as usize > VHOST_USER_MAX_PAYLOAD {
+            return Err(Error::BadReply(format!("size {size}")));
+        }
+        msg.resize(VHOST_USER_HDR_SIZE + size as usize, 0);
+        self.sock.read_exact(&mut msg[VHOST_USER_HDR_SIZE..])?;
+        Ok(msg)
+    }
+
     /// Asks the backend for ring `q`'s base (stops the ring), as a frontend
     /// does on shutdown.
     ///
     /// # Errors
     /// Protocol failures.
     pub fn get_vring_base(&mut self, q: usize) -> Result<u32, Error> {
-        self.frontend.get_vring_base(q).map_err(|e| Error::Vhost("GET_VRING_BASE", e))
+        self.frontend
+            .get_vring_base(q)
+            .map_err(|e| Error::Vhost("GET_VRING_BASE", e))
     }
 }

@@ -82,7 +82,11 @@ pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
         rng.fill(&mut src);
         let mut dst = src.clone();
         aes_cbc(dir, &keys[s], &iv, &mut dst).map_err(|e| bad(e.to_string()))?;
-        let name = if dir == Direction::Encrypt { "encrypt" } else { "decrypt" };
+        let name = if dir == Direction::Encrypt {
+            "encrypt"
+        } else {
+            "decrypt"
+        };
         writeln!(
             w,
             r#"{{"op":"request","session":"{name}{s}","opcode":"{name}","iv":"{}","src":"{}","expect":{{"status":"ok","dst":"{}"}}}}"#,
@@ -106,12 +110,30 @@ mod tests {
     #[test]
     fn generated_trace_parses_and_roundtrips() {
         let mut out = Vec::new();
-        let o = GenOptions { opcode: GenOpcode::Mixed, size: 32, count: 4, sessions: 2, key_bits: 192, seed: 3 };
+        let o = GenOptions {
+            opcode: GenOpcode::Mixed,
+            size: 32,
+            count: 4,
+            sessions: 2,
+            key_bits: 192,
+            seed: 3,
+        };
         generate(&o, &mut out).unwrap();
         let t = Trace::parse(&out[..]).unwrap();
         assert_eq!(t.requests(), 4);
-        let creates = t.steps.iter().filter(|s| matches!(s, Step::Create { .. })).count();
+        let creates = t
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Create { .. }))
+            .count();
         assert_eq!(creates, 4);
-        assert!(generate(&GenOptions { size: 17, ..o.clone() }, &mut Vec::new()).is_err());
+        assert!(generate(
+            &GenOptions {
+                size: 17,
+                ..o.clone()
+            },
+            &mut Vec::new()
+        )
+        .is_err());
     }
 }

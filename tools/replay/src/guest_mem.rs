@@ -51,7 +51,11 @@ impl GuestMem {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(GuestMem { file, ptr: ptr.cast(), size })
+        Ok(GuestMem {
+            file,
+            ptr: ptr.cast(),
+            size,
+        })
     }
 
     /// Size in bytes.
@@ -77,7 +81,10 @@ impl GuestMem {
 
     fn check(&self, gpa: u64, len: usize) -> usize {
         let off = usize::try_from(gpa).expect("gpa fits usize");
-        assert!(off.checked_add(len).is_some_and(|e| e <= self.size), "guest access out of range");
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= self.size),
+            "guest access out of range"
+        );
         off
     }
 

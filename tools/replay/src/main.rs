@@ -141,7 +141,8 @@ fn run_gen(g: GenArgs) -> Result<ExitCode, String> {
         key_bits: g.key_bits,
         seed: g.seed,
     };
-    let file = std::fs::File::create(&g.out).map_err(|e| format!("cannot create {}: {e}", g.out.display()))?;
+    let file =
+        std::fs::File::create(&g.out).map_err(|e| format!("cannot create {}: {e}", g.out.display()))?;
     let mut w = std::io::BufWriter::new(file);
     generate(&opts, &mut w).map_err(|e| format!("writing {}: {e}", g.out.display()))?;
     Ok(ExitCode::SUCCESS)
@@ -202,5 +203,9 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
     } else {
         print!("{}", report.summary());
     }
-    Ok(if report.mismatches == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if report.mismatches == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -99,11 +99,23 @@ impl<'a> Run<'a> {
     fn mismatch(&mut self, line: usize, field: &str, expected: String, got: String) {
         self.report.mismatches += 1;
         if self.report.first_mismatches.len() < MAX_REPORTED {
-            self.report.first_mismatches.push(Mismatch { line, field: field.into(), expected, got });
+            self.report.first_mismatches.push(Mismatch {
+                line,
+                field: field.into(),
+                expected,
+                got,
+            });
         }
     }
 
-    fn create(&mut self, line: usize, name: &str, key: &[u8], direction: Dir, expect_err: bool) -> Result<(), Error> {
+    fn create(
+        &mut self,
+        line: usize,
+        name: &str,
+        key: &[u8],
+        direction: Dir,
+        expect_err: bool,
+    ) -> Result<(), Error> {
         let mut info = SymSessionInfo {
             cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
             key_len: key.len() as u32,
@@ -130,11 +142,20 @@ impl<'a> Run<'a> {
     }
 
     fn check(&mut self, q: usize, u: Used) {
-        let Some((req, t0)) = self.inflight[q].get_mut(usize::from(u.slot)).and_then(Option::take) else {
-            self.mismatch(0, "used id", "a request in flight".into(), format!("slot {}", u.slot));
+        let Some((req, t0)) = self.inflight[q]
+            .get_mut(usize::from(u.slot))
+            .and_then(Option::take)
+        else {
+            self.mismatch(
+                0,
+                "used id",
+                "a request in flight".into(),
+                format!("slot {}", u.slot),
+            );
             return;
         };
-        self.latencies.push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        self.latencies
+            .push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
         self.report.requests += 1;
         self.report.bytes += req.src.len() as u64;
         if let Some(b) = &self.bar {
@@ -147,12 +168,25 @@ impl<'a> Run<'a> {
             mem.read(l.dst, &mut dst);
             mem.read_u8(l.status)
         };
-        *self.report.status_counts.entry(ExpectStatus::name(status)).or_default() += 1;
+        *self
+            .report
+            .status_counts
+            .entry(ExpectStatus::name(status))
+            .or_default() += 1;
         if status != req.status.byte() {
-            self.mismatch(req.line, "status", ExpectStatus::name(req.status.byte()), ExpectStatus::name(status));
+            self.mismatch(
+                req.line,
+                "status",
+                ExpectStatus::name(req.status.byte()),
+                ExpectStatus::name(status),
+            );
             return;
         }
-        let want_len = if req.status == ExpectStatus::Ok { req.src.len() as u32 + 1 } else { 1 };
+        let want_len = if req.status == ExpectStatus::Ok {
+            req.src.len() as u32 + 1
+        } else {
+            1
+        };
         if u.len != want_len {
             self.mismatch(req.line, "used length", want_len.to_string(), u.len.to_string());
         }
@@ -170,7 +204,12 @@ impl<'a> Run<'a> {
                 }
             }
         } else if dst.iter().any(|&b| b != DST_CANARY) {
-            self.mismatch(req.line, "dst (must be untouched on error)", "unchanged".into(), "written".into());
+            self.mismatch(
+                req.line,
+                "dst (must be untouched on error)",
+                "unchanged".into(),
+                "written".into(),
+            );
         }
     }
 
@@ -256,7 +295,11 @@ impl<'a> Run<'a> {
 /// Transport failures (a mismatch is not an error: see [`Report`]).
 pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> Result<Report, Error> {
     let total = trace.requests() as u64 * u64::from(opts.repeat);
-    let slots: Vec<Vec<Option<(&Req, Instant)>>> = fe.queues.iter().map(|q| vec![None; usize::from(q.size)]).collect();
+    let slots: Vec<Vec<Option<(&Req, Instant)>>> = fe
+        .queues
+        .iter()
+        .map(|q| vec![None; usize::from(q.size)])
+        .collect();
     let bar = (opts.progress && total >= 10_000).then(|| {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
@@ -280,9 +323,13 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     for _ in 0..opts.repeat {
         for step in &trace.steps {
             match step {
-                Step::Create { line, name, key, direction, expect_err } => {
-                    run.create(*line, name, key, *direction, *expect_err)?
-                }
+                Step::Create {
+                    line,
+                    name,
+                    key,
+                    direction,
+                    expect_err,
+                } => run.create(*line, name, key, *direction, *expect_err)?,
                 Step::Close { name, .. } => {
                     if let Some(&id) = run.ids.get(name) {
                         run.fe.close_session(id as u64)?;
@@ -324,7 +371,11 @@ impl Report {
     /// Human-readable summary.
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let statuses: Vec<String> = self.status_counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let statuses: Vec<String> = self
+            .status_counts
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
         s += &format!("requests:    {}\n", self.requests);
         s += &format!("mismatches:  {}\n", self.mismatches);
         s += &format!("statuses:    {}\n", statuses.join(", "));
@@ -333,7 +384,10 @@ impl Report {
             "throughput:  {:.0} ops/s, {:.2} MiB/s ({} bytes in {:.3} s)\n",
             self.ops_per_sec, self.mib_per_sec, self.bytes, self.elapsed_s
         );
-        s += &format!("latency:     p50 {:.0} µs, p99 {:.0} µs\n", self.p50_us, self.p99_us);
+        s += &format!(
+            "latency:     p50 {:.0} µs, p99 {:.0} µs\n",
+            self.p50_us, self.p99_us
+        );
         s += &format!("tool CPU:    {:.3} s\n", self.cpu_s);
         for m in &self.first_mismatches {
             s += &format!(

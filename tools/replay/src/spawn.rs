@@ -28,10 +28,15 @@ impl SpawnedDaemon {
         if !bin.exists() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("daemon binary {} not found (build it, or pass --daemon-bin)", bin.display()),
+                format!(
+                    "daemon binary {} not found (build it, or pass --daemon-bin)",
+                    bin.display()
+                ),
             ));
         }
-        let dir = tempfile::Builder::new().prefix("vhost-crypto-replay.").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("vhost-crypto-replay.")
+            .tempdir()?;
         let socket = dir.path().join("crypto.sock");
         let mut cmd = Command::new(&bin);
         if std::env::var_os("RUST_LOG").is_none() {
@@ -52,11 +57,18 @@ impl SpawnedDaemon {
             }
             if start.elapsed() > Duration::from_secs(10) {
                 let _ = child.kill();
-                return Err(io::Error::other(format!("{} did not listen within 10 s", bin.display())));
+                return Err(io::Error::other(format!(
+                    "{} did not listen within 10 s",
+                    bin.display()
+                )));
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        Ok(SpawnedDaemon { child, _dir: dir, socket })
+        Ok(SpawnedDaemon {
+            child,
+            _dir: dir,
+            socket,
+        })
     }
 
     /// The daemon's socket.

@@ -283,20 +283,47 @@ impl Trace {
             if trimmed.is_empty() || trimmed.starts_with('#') {
                 continue;
             }
-            let parsed: Line = serde_json::from_str(trimmed).map_err(|e| TraceError::Line(n, e.to_string()))?;
+            let parsed: Line =
+                serde_json::from_str(trimmed).map_err(|e| TraceError::Line(n, e.to_string()))?;
             let bad = |m: String| TraceError::Line(n, m);
             match parsed {
-                Line::CreateSession { name, algo, key, direction, expect } => {
+                Line::CreateSession {
+                    name,
+                    algo,
+                    key,
+                    direction,
+                    expect,
+                } => {
                     if algo != "aes-cbc" {
                         return Err(bad(format!("unknown algo {algo:?} (only aes-cbc)")));
                     }
                     let key = Zeroizing::new(unhex(&key).map_err(bad)?);
-                    let expect_err = matches!(expect, Some(Expect { status: Some(ExpectStatus::Err), .. }));
+                    let expect_err = matches!(
+                        expect,
+                        Some(Expect {
+                            status: Some(ExpectStatus::Err),
+                            ..
+                        })
+                    );
                     keys.insert(name.clone(), (key.clone(), direction));
-                    t.steps.push(Step::Create { line: n, name, key, direction, expect_err });
+                    t.steps.push(Step::Create {
+                        line: n,
+                        name,
+                        key,
+                        direction,
+                        expect_err,
+                    });
                 }
                 Line::CloseSession { name } => t.steps.push(Step::Close { line: n, name }),
-                Line::Request { session, session_id, opcode, iv, src, queue, expect } => {
+                Line::Request {
+                    session,
+                    session_id,
+                    opcode,
+                    iv,
+                    src,
+                    queue,
+                    expect,
+                } => {
                     if session.is_none() == session_id.is_none() {
                         return Err(bad("a request needs exactly one of session and session_id".into()));
                     }
@@ -313,9 +340,17 @@ impl Trace {
                     };
                     t.push_request(req);
                 }
-                Line::Generate { session, opcode, size, count, seed } => {
+                Line::Generate {
+                    session,
+                    opcode,
+                    size,
+                    count,
+                    seed,
+                } => {
                     if size == 0 || size % 16 != 0 {
-                        return Err(bad(format!("generate size {size} is not a positive multiple of 16")));
+                        return Err(bad(format!(
+                            "generate size {size} is not a positive multiple of 16"
+                        )));
                     }
                     let (key, dir) = keys
                         .get(&session)
@@ -376,7 +411,13 @@ impl Trace {
     pub fn max_payload(&self) -> usize {
         self.steps
             .iter()
-            .flat_map(|s| if let Step::Requests(v) = s { v.iter().map(|r| r.src.len()).max() } else { None })
+            .flat_map(|s| {
+                if let Step::Requests(v) = s {
+                    v.iter().map(|r| r.src.len()).max()
+                } else {
+                    None
+                }
+            })
             .max()
             .unwrap_or(16)
     }
@@ -385,7 +426,13 @@ impl Trace {
     pub fn max_iv(&self) -> usize {
         self.steps
             .iter()
-            .flat_map(|s| if let Step::Requests(v) = s { v.iter().map(|r| r.iv.len()).max() } else { None })
+            .flat_map(|s| {
+                if let Step::Requests(v) = s {
+                    v.iter().map(|r| r.iv.len()).max()
+                } else {
+                    None
+                }
+            })
             .max()
             .unwrap_or(16)
     }
@@ -408,15 +455,20 @@ mod tests {
         assert_eq!(t.steps.len(), 3);
         assert_eq!(t.requests(), 1);
         let Step::Requests(r) = &t.steps[1] else { panic!() };
-        assert_eq!(r[0].dst.as_deref(), Some(&unhex("7649abac8119b246cee98e9b12e9197d").unwrap()[..]));
+        assert_eq!(
+            r[0].dst.as_deref(),
+            Some(&unhex("7649abac8119b246cee98e9b12e9197d").unwrap()[..])
+        );
     }
 
     #[test]
     fn bad_lines_name_their_number() {
         let e = Trace::parse("\n{\"op\":\"nope\"}\n".as_bytes()).unwrap_err();
         assert!(e.to_string().starts_with("trace line 2:"), "{e}");
-        let e = Trace::parse(r#"{"op":"request","session":"s","opcode":"encrypt","iv":"0","src":"","expect":{}}"#.as_bytes())
-            .unwrap_err();
+        let e = Trace::parse(
+            r#"{"op":"request","session":"s","opcode":"encrypt","iv":"0","src":"","expect":{}}"#.as_bytes(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("odd number"), "{e}");
     }
 
@@ -436,7 +488,13 @@ mod tests {
         assert_ne!(r[0].src, r[1].src);
         let mut back = r[2].dst.clone().unwrap();
         let iv: [u8; 16] = r[2].iv.clone().try_into().unwrap();
-        aes_cbc(Direction::Decrypt, &unhex("000102030405060708090a0b0c0d0e0f").unwrap(), &iv, &mut back).unwrap();
+        aes_cbc(
+            Direction::Decrypt,
+            &unhex("000102030405060708090a0b0c0d0e0f").unwrap(),
+            &iv,
+            &mut back,
+        )
+        .unwrap();
         assert_eq!(back, r[2].src);
     }
 }
