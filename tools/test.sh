@@ -49,6 +49,11 @@ for t in nist-sp800-38a wycheproof-aes-cbc status-policy; do
         grep -q '"mismatches":0' <<<"$out"
     done
 done
+for abi in a b c; do
+    out=$(target/release/vhost-crypto-replay --spawn-daemon --session-abi "$abi" --descriptors chain --json tools/traces/hostile-guest.jsonl)
+    echo "hostile-guest (layout $abi): $out"
+    grep -q '"mismatches":0' <<<"$out"
+done
 target/release/vhost-crypto-replay --spawn-daemon tools/traces/default.jsonl
 passed=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($i ~ /^passed;?$/) s += $(i-1) } END { print s + 0 }' target/test-output.log)
 log "all tests passed"

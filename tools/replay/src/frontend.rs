@@ -54,6 +54,9 @@ pub enum Error {
     /// A CREATE reply was malformed.
     #[error("bad CREATE_CRYPTO_SESSION reply: {0}")]
     BadReply(String),
+    /// A raw request of the trace cannot be laid out.
+    #[error("raw request: {0}")]
+    Raw(String),
     /// The backend stopped answering.
     #[error("timed out waiting for completions")]
     Timeout,
@@ -93,6 +96,8 @@ pub struct FrontendConfig {
 
 /// Descriptors a direct-chain request uses (header, IV, src, dst, status).
 pub const DESCS_PER_REQUEST: u16 = 5;
+/// Most descriptors of a raw request's indirect table.
+pub const MAX_RAW_DESCS: usize = 16;
 const SLOT_ALIGN: usize = 64;
 const RING_AREA_ALIGN: u64 = 4096;
 
@@ -157,7 +162,7 @@ fn ring_bytes(size: u16) -> u64 {
 }
 
 fn slot_size(max_payload: usize, max_iv: usize) -> usize {
-    let raw = 72 + max_iv + 2 * max_payload + 1 + 16 * usize::from(DESCS_PER_REQUEST);
+    let raw = 72 + max_iv + 2 * max_payload + 1 + 16 * MAX_RAW_DESCS + 16;
     raw.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
 }
 
@@ -328,6 +333,70 @@ impl DriverQueue {
                 let _ = self.call.read();
             }
         }
+    }
+
+    /// Makes a raw request available in `slot`, its descriptors written
+    /// exactly as given (flags and `next` included): as the slot's indirect
+    /// table (at most [`MAX_RAW_DESCS`]), or, on a queue in chain mode, as a
+    /// direct chain in the slot's block of the ring's table (at most
+    /// [`DESCS_PER_REQUEST`]; `next` values are then offset by the block's
+    /// first index, so they stay relative to the request).
+    ///
+    /// # Errors
+    /// Too many descriptors, or a direct chain on a queue in indirect mode.
+    pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<(), String> {
+        let l = self.layout(slot);
+        let head = if indirect {
+            if descs.len() > MAX_RAW_DESCS {
+                return Err(format!(
+                    "at most {MAX_RAW_DESCS} descriptors in a raw indirect table"
+                ));
+            }
+            for (i, d) in descs.iter().enumerate() {
+                self.mem.write(l.table + 16 * i as u64, &d.to_bytes());
+            }
+            let d = Desc {
+                addr: l.table,
+                len: 16 * descs.len() as u32,
+                flags: VRING_DESC_F_INDIRECT,
+                next: 0,
+            };
+            let head = match self.desc_mode {
+                DescMode::Indirect => slot,
+                DescMode::Chain => slot * DESCS_PER_REQUEST,
+            };
+            self.mem.write(self.desc + 16 * u64::from(head), &d.to_bytes());
+            head
+        } else {
+            if self.desc_mode != DescMode::Chain {
+                return Err("raw direct chains need --descriptors chain".into());
+            }
+            if descs.len() > usize::from(DESCS_PER_REQUEST) || descs.is_empty() {
+                return Err(format!(
+                    "1 to {DESCS_PER_REQUEST} descriptors in a raw direct chain"
+                ));
+            }
+            let base = slot * DESCS_PER_REQUEST;
+            for (i, d) in descs.iter().enumerate() {
+                let d = Desc {
+                    next: d.next.wrapping_add(base),
+                    ..*d
+                };
+                self.mem
+                    .write(self.desc + 16 * u64::from(base + i as u16), &d.to_bytes());
+            }
+            base
+        };
+        self.busy[usize::from(slot)] = true;
+        let pos = u64::from(self.avail_idx % self.size);
+        self.mem.write_u16(self.avail + 4 + 2 * pos, head);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        Ok(())
+    }
+
+    /// Whether this queue lays requests out as direct chains.
+    pub fn desc_mode(&self) -> DescMode {
+        self.desc_mode
     }
 
     fn call_fd(&self) -> i32 {

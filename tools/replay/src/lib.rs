@@ -5,13 +5,14 @@
 //! Modules: [`guest_mem`] (memfd guest memory), [`frontend`] (vhost-user
 //! negotiation, driver-side rings, session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
-//! (benchmark traces), [`spawn`] (`--spawn-daemon`).
+//! (benchmark traces), [`raw`] (descriptor-level requests), [`spawn`] (`--spawn-daemon`).
 
 #![deny(missing_docs)]
 
 pub mod frontend;
 pub mod gen;
 pub mod guest_mem;
+pub mod raw;
 pub mod replay;
 pub mod spawn;
 pub mod trace;

@@ -330,6 +330,21 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     direction,
                     expect_err,
                 } => run.create(*line, name, key, *direction, *expect_err)?,
+                Step::Raw(r) => {
+                    let ids = &run.ids;
+                    let lookup = |name: &str| ids.get(name).copied().unwrap_or(0) as u64;
+                    let t = Instant::now();
+                    let out = crate::raw::run_raw(run.fe, r, lookup, opts.timeout)?;
+                    busy += t.elapsed();
+                    run.report.requests += 1;
+                    let name = out
+                        .status
+                        .map_or_else(|| "consumed".to_string(), ExpectStatus::name);
+                    *run.report.status_counts.entry(name).or_default() += 1;
+                    for (field, expected, got) in out.mismatches {
+                        run.mismatch(r.line, &field, expected, got);
+                    }
+                }
                 Step::Close { name, .. } => {
                     if let Some(&id) = run.ids.get(name) {
                         run.fe.close_session(id as u64)?;

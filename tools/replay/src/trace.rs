@@ -25,6 +25,8 @@ use algorithms::{aes_cbc, Direction};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use crate::raw::RawReq;
+
 /// Expected request status (`VIRTIO_CRYPTO_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "lowercase")]
@@ -140,6 +142,8 @@ pub enum Line {
         /// Session name.
         name: String,
     },
+    /// A raw descriptor-level request (see [`crate::raw`]).
+    Raw(Box<RawReq>),
     /// `count` generated requests.
     Generate {
         /// Session name.
@@ -197,6 +201,8 @@ pub enum Step {
     },
     /// Run requests (pipelined).
     Requests(Vec<Req>),
+    /// One raw request, run on its own.
+    Raw(Box<RawReq>),
     /// Close a session.
     Close {
         /// Trace line.
@@ -315,6 +321,11 @@ impl Trace {
                     });
                 }
                 Line::CloseSession { name } => t.steps.push(Step::Close { line: n, name }),
+                Line::Raw(mut r) => {
+                    r.validate().map_err(bad)?;
+                    r.line = n;
+                    t.steps.push(Step::Raw(r));
+                }
                 Line::Request {
                     session,
                     session_id,
@@ -411,12 +422,11 @@ impl Trace {
     pub fn max_payload(&self) -> usize {
         self.steps
             .iter()
-            .flat_map(|s| {
-                if let Step::Requests(v) = s {
-                    v.iter().map(|r| r.src.len()).max()
-                } else {
-                    None
-                }
+            .flat_map(|s| match s {
+                Step::Requests(v) => v.iter().map(|r| r.src.len()).max(),
+                // Room for the raw request's scratch area (see raw.rs).
+                Step::Raw(r) => Some(r.scratch_bytes() as usize / 2 + 1),
+                _ => None,
             })
             .max()
             .unwrap_or(16)
