@@ -641,6 +641,6 @@ fn execute(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> R
     Ok(h.dst_data_len)
 }
 
-fn start(key: &AesCbcKey, direction: Direction, iv: &[u8; 16]) -> CbcStream {
+fn start<'k>(key: &'k AesCbcKey, direction: Direction, iv: &[u8; 16]) -> CbcStream<'k> {
     key.start(direction, iv)
 }

@@ -97,28 +97,17 @@ impl AesCbcKey {
         }
     }
 
-    /// Starts a CBC operation in `direction` with the 16-byte `iv`.
-    pub fn start(&self, direction: Direction, iv: &[u8; AES_CBC_IV_SIZE]) -> CbcStream {
+    /// Starts a CBC operation in `direction` with the 16-byte `iv`. The
+    /// stream borrows the key schedule (nothing is copied but the IV).
+    pub fn start(&self, direction: Direction, iv: &[u8; AES_CBC_IV_SIZE]) -> CbcStream<'_> {
         let iv = iv.into();
         let inner = match (self, direction) {
-            (AesCbcKey::Aes128(k), Direction::Encrypt) => {
-                Inner::Enc128(cbc::Encryptor::inner_iv_init(k.clone(), iv))
-            }
-            (AesCbcKey::Aes192(k), Direction::Encrypt) => {
-                Inner::Enc192(cbc::Encryptor::inner_iv_init(k.clone(), iv))
-            }
-            (AesCbcKey::Aes256(k), Direction::Encrypt) => {
-                Inner::Enc256(cbc::Encryptor::inner_iv_init(k.clone(), iv))
-            }
-            (AesCbcKey::Aes128(k), Direction::Decrypt) => {
-                Inner::Dec128(cbc::Decryptor::inner_iv_init(k.clone(), iv))
-            }
-            (AesCbcKey::Aes192(k), Direction::Decrypt) => {
-                Inner::Dec192(cbc::Decryptor::inner_iv_init(k.clone(), iv))
-            }
-            (AesCbcKey::Aes256(k), Direction::Decrypt) => {
-                Inner::Dec256(cbc::Decryptor::inner_iv_init(k.clone(), iv))
-            }
+            (AesCbcKey::Aes128(k), Direction::Encrypt) => Inner::Enc128(cbc::Encryptor::inner_iv_init(k, iv)),
+            (AesCbcKey::Aes192(k), Direction::Encrypt) => Inner::Enc192(cbc::Encryptor::inner_iv_init(k, iv)),
+            (AesCbcKey::Aes256(k), Direction::Encrypt) => Inner::Enc256(cbc::Encryptor::inner_iv_init(k, iv)),
+            (AesCbcKey::Aes128(k), Direction::Decrypt) => Inner::Dec128(cbc::Decryptor::inner_iv_init(k, iv)),
+            (AesCbcKey::Aes192(k), Direction::Decrypt) => Inner::Dec192(cbc::Decryptor::inner_iv_init(k, iv)),
+            (AesCbcKey::Aes256(k), Direction::Decrypt) => Inner::Dec256(cbc::Decryptor::inner_iv_init(k, iv)),
         };
         CbcStream { inner }
     }
@@ -126,31 +115,32 @@ impl AesCbcKey {
 
 use cipher::InnerIvInit;
 
-enum Inner {
-    Enc128(cbc::Encryptor<Aes128>),
-    Enc192(cbc::Encryptor<Aes192>),
-    Enc256(cbc::Encryptor<Aes256>),
-    Dec128(cbc::Decryptor<Aes128>),
-    Dec192(cbc::Decryptor<Aes192>),
-    Dec256(cbc::Decryptor<Aes256>),
+enum Inner<'k> {
+    Enc128(cbc::Encryptor<&'k Aes128>),
+    Enc192(cbc::Encryptor<&'k Aes192>),
+    Enc256(cbc::Encryptor<&'k Aes256>),
+    Dec128(cbc::Decryptor<&'k Aes128>),
+    Dec192(cbc::Decryptor<&'k Aes192>),
+    Dec256(cbc::Decryptor<&'k Aes256>),
 }
 
-/// One CBC operation in progress: the expanded key plus the chaining value.
+/// One CBC operation in progress: a borrowed key schedule plus the chaining
+/// value (zeroized on drop).
 ///
 /// Feed the message in order, in pieces of whole blocks; the chaining value
 /// carries over from one call to the next, so the result is the same however
-/// the message is cut. Zeroized on drop.
-pub struct CbcStream {
-    inner: Inner,
+/// the message is cut.
+pub struct CbcStream<'k> {
+    inner: Inner<'k>,
 }
 
-impl fmt::Debug for CbcStream {
+impl fmt::Debug for CbcStream<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("CbcStream { .. }")
     }
 }
 
-impl CbcStream {
+impl CbcStream<'_> {
     /// Processes whole blocks from `buf`'s input into its output (the two may
     /// be the same memory, see [`InOutBuf`]).
     ///
