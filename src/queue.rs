@@ -19,8 +19,11 @@ use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use log::{debug, error};
 
+use algorithms::MAX_LANES;
+
 use crate::request::{
-    map_contiguous, process_request, ChainWalker, GuestMemory_, RequestLimits, DESC_SIZE, MAX_QUEUE_SIZE,
+    map_contiguous, prepare, run_lanes, ChainWalker, GuestMemory_, LaneReq, Prepared, RequestLimits,
+    DESC_SIZE, MAX_QUEUE_SIZE,
 };
 use crate::sessions::SessionTable;
 
@@ -66,6 +69,8 @@ pub struct QueueWorker {
     /// The sessions this queue can use.
     pub sessions: SessionTable,
     walker: ChainWalker,
+    /// (head, used length) of the batch, in avail order; allocated once.
+    done: Vec<(u16, u32)>,
     limits: RequestLimits,
     stopped: Option<RingAddrs>,
     /// Requests completed on this queue.
@@ -143,6 +148,22 @@ impl Ring {
     }
 }
 
+/// Encrypts the waiting lanes and records their used lengths.
+fn flush_lanes(
+    lanes: &mut [Option<LaneReq<'_>>; MAX_LANES],
+    slots: &[usize; MAX_LANES],
+    n: &mut usize,
+    done: &mut [(u16, u32)],
+) {
+    run_lanes(&lanes[..*n]);
+    for (l, &slot) in lanes[..*n].iter_mut().zip(slots) {
+        if let (Some(l), Some(d)) = (l.take(), done.get_mut(slot)) {
+            d.1 = l.completion().used_len;
+        }
+    }
+    *n = 0;
+}
+
 /// Result of one call to [`QueueWorker::process`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchResult {
@@ -156,6 +177,7 @@ impl QueueWorker {
         QueueWorker {
             sessions,
             walker: ChainWalker::new(),
+            done: Vec::with_capacity(usize::from(MAX_QUEUE_SIZE)),
             limits,
             stopped: None,
             completed: 0,
@@ -220,19 +242,45 @@ impl QueueWorker {
                     result,
                 ));
             }
+            // Valid encrypt requests wait here, up to MAX_LANES under one
+            // key, and are encrypted together (multi-buffer AES-CBC).
+            // Completions are put on the used ring in avail order at the
+            // end of the batch; `slots` maps each waiting lane to its entry.
+            let mut lanes: [Option<LaneReq<'_>>; MAX_LANES] = Default::default();
+            let mut slots = [0usize; MAX_LANES];
+            let mut n = 0;
+            self.done.clear();
             while *next_avail != avail {
                 let head = ring.avail_entry(*next_avail);
+                *next_avail = next_avail.wrapping_add(1);
+                result.completed += 1;
                 // SAFETY: the descriptor table is mapped for `size` entries
                 // and `mem` (borrowed for this call) keeps it mapped.
                 unsafe { self.walker.walk(mem, ring.desc, ring.size, head) };
                 if let Some(f) = self.walker.fault() {
                     debug!("malformed descriptor chain at head {head}: {f:?}");
                 }
-                let c = process_request(&self.walker, &self.sessions, self.limits);
-                ring.put_used(*next_used, u32::from(head), c.used_len);
+                match prepare(&self.walker, &self.sessions, self.limits, true) {
+                    Prepared::Done(c) => self.done.push((head, c.used_len)),
+                    Prepared::Lane(l) => {
+                        let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));
+                        if !same_key {
+                            flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+                        }
+                        lanes[n] = Some(l);
+                        slots[n] = self.done.len();
+                        self.done.push((head, 0));
+                        n += 1;
+                        if n == MAX_LANES {
+                            flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+                        }
+                    }
+                }
+            }
+            flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+            for &(head, len) in &self.done {
+                ring.put_used(*next_used, u32::from(head), len);
                 *next_used = next_used.wrapping_add(1);
-                *next_avail = next_avail.wrapping_add(1);
-                result.completed += 1;
             }
             if result.completed > 0 {
                 // Used elements before the index (Release in the store).

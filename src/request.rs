@@ -20,7 +20,8 @@
 
 use std::ptr;
 
-use algorithms::{AesCbcKey, CbcStream, Direction};
+use algorithms::cipher::inout::InOutBuf;
+use algorithms::{cbc_encrypt_multi, AesCbcKey, CbcStream, Direction, Lane, MAX_LANES};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::sessions::SessionTable;
@@ -555,13 +556,132 @@ pub struct RequestLimits {
 /// Validates and executes the request whose chain `w` has just walked, and
 /// writes its status. Never fails: every problem becomes a status.
 pub fn process_request(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> Completion {
-    let status = match execute(w, sessions, limits) {
-        Ok(dst_len) => {
-            return complete(w, Status::Ok, dst_len);
+    match prepare(w, sessions, limits, false) {
+        Prepared::Done(c) => c,
+        // Not reachable with `allow_lane` false; complete it alone anyway.
+        Prepared::Lane(l) => {
+            let c = l.completion();
+            run_lanes(&[Some(l)]);
+            c
         }
-        Err(s) => s,
+    }
+}
+
+/// A validated encrypt request whose source and destination each lie in
+/// one contiguous mapped piece (the same memory, or not overlapping), ready
+/// to be encrypted together with others under the same key
+/// ([`run_lanes`]). Holds host pointers into guest memory: only valid while
+/// the guest-memory guard of the batch is held.
+#[derive(Debug)]
+pub struct LaneReq<'s> {
+    /// The session's key schedule.
+    pub key: &'s AesCbcKey,
+    iv: [u8; 16],
+    src: *const u8,
+    dst: *mut u8,
+    len: usize,
+    status: *mut u8,
+}
+
+impl LaneReq<'_> {
+    /// The completion once [`run_lanes`] has run it.
+    pub fn completion(&self) -> Completion {
+        Completion {
+            used_len: self.len as u32 + 1,
+            status: Some(Status::Ok),
+        }
+    }
+}
+
+/// What [`prepare`] made of a request.
+#[derive(Debug)]
+pub enum Prepared<'s> {
+    /// Completed (status written): an error, or a request run on its own.
+    Done(Completion),
+    /// A valid encrypt request to batch with others of the same key.
+    Lane(LaneReq<'s>),
+}
+
+/// Validates the request whose chain `w` has just walked. Errors and
+/// requests that cannot be batched are executed and completed here; with
+/// `allow_lane`, a valid encrypt request whose buffers are contiguous is
+/// returned as a [`LaneReq`] instead.
+pub fn prepare<'s>(
+    w: &ChainWalker,
+    sessions: &'s SessionTable,
+    limits: RequestLimits,
+    allow_lane: bool,
+) -> Prepared<'s> {
+    let v = match validate(w, sessions, limits) {
+        Ok(v) => v,
+        Err(status) => return Prepared::Done(complete(w, status, 0)),
     };
-    complete(w, status, 0)
+    let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
+    if allow_lane && v.direction == Direction::Encrypt {
+        let (sp, sl) = Cursor::new(&w.readable, src_off).chunk();
+        let (dp, dl) = Cursor::new(&w.writable, 0).chunk();
+        let disjoint = (sp as usize).saturating_add(v.len) <= dp as usize
+            || (dp as usize).saturating_add(v.len) <= sp as usize;
+        if let (true, Some(status)) = (sl >= v.len && dl >= v.len && (sp == dp || disjoint), w.status) {
+            return Prepared::Lane(LaneReq {
+                key: v.key,
+                iv: v.iv,
+                src: sp,
+                dst: dp,
+                len: v.len,
+                status,
+            });
+        }
+    }
+    let mut stream = start(v.key, v.direction, &v.iv);
+    run_cipher(&mut stream, &w.readable, src_off, &w.writable, v.len);
+    Prepared::Done(complete(w, Status::Ok, v.len as u32))
+}
+
+/// Encrypts the lanes (all under the same key, at most
+/// [`algorithms::MAX_LANES`]) with multi-buffer AES-CBC and writes their OK
+/// status bytes.
+pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
+    let Some(key) = lanes.iter().flatten().next().map(|l| l.key) else {
+        return;
+    };
+    // Unused lanes stay empty: a zero-length message drops out at once.
+    let mut multi: [Lane<'_>; MAX_LANES] = std::array::from_fn(|_| Lane {
+        iv: [0; 16],
+        buf: InOutBuf::from(<&mut [u8]>::default()),
+    });
+    for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
+        let buf = if std::ptr::eq(l.src, l.dst) {
+            // SAFETY: dst is mapped for len bytes of device-writable guest
+            // memory that the batch's memory guard keeps mapped, and no
+            // other Rust reference to it exists while the lanes run. Two
+            // requests of one batch whose buffers overlap are a guest bug
+            // that can only change their own output bytes.
+            InOutBuf::from(unsafe { std::slice::from_raw_parts_mut(l.dst, l.len) })
+        } else {
+            // SAFETY: as above; src is mapped for len bytes and does not
+            // overlap dst (checked in `prepare`).
+            let (i, o) = unsafe {
+                (
+                    std::slice::from_raw_parts(l.src, l.len),
+                    std::slice::from_raw_parts_mut(l.dst, l.len),
+                )
+            };
+            match InOutBuf::new(i, o) {
+                Ok(b) => b,
+                // Same lengths by construction.
+                Err(_) => continue,
+            }
+        };
+        *m = Lane { iv: l.iv, buf };
+    }
+    // Lengths are whole blocks and there are at most MAX_LANES lanes.
+    let _ = cbc_encrypt_multi(key, &mut multi);
+    for l in lanes.iter().flatten() {
+        // SAFETY: the status pointer is the mapped last writable byte of
+        // this request's chain, outside its dst bytes.
+        unsafe { ptr::write_volatile(l.status, Status::Ok as u8) };
+    }
 }
 
 fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
@@ -582,7 +702,19 @@ fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
     }
 }
 
-fn execute(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> Result<u32, Status> {
+/// A request that passed every check.
+struct Valid<'s> {
+    key: &'s AesCbcKey,
+    direction: Direction,
+    iv: [u8; 16],
+    len: usize,
+}
+
+fn validate<'s>(
+    w: &ChainWalker,
+    sessions: &'s SessionTable,
+    limits: RequestLimits,
+) -> Result<Valid<'s>, Status> {
     // 1. Header readable: copied out once, everything below uses the copy.
     let mut raw = [0u8; OP_DATA_REQ_SIZE];
     if w.status.is_none() || !gather(&w.readable, 0, &mut raw) {
@@ -630,15 +762,12 @@ fn execute(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> R
     if !gather(&w.readable, OP_DATA_REQ_SIZE, &mut iv) {
         return Err(Status::Err);
     }
-    let mut stream = start(&session.key, direction, &iv);
-    run_cipher(
-        &mut stream,
-        &w.readable,
-        src_off as usize,
-        &w.writable,
-        len as usize,
-    );
-    Ok(h.dst_data_len)
+    Ok(Valid {
+        key: &session.key,
+        direction,
+        iv,
+        len: len as usize,
+    })
 }
 
 fn start<'k>(key: &'k AesCbcKey, direction: Direction, iv: &[u8; 16]) -> CbcStream<'k> {
