@@ -194,6 +194,10 @@ impl CbcStream<'_> {
 /// the `aes` crate encrypts 8 blocks per call in its pipelined path.
 pub const MAX_LANES: usize = 8;
 
+/// Steps by which each lane of [`cbc_encrypt_multi`] starts later than the
+/// previous one on long messages (4 blocks = one 64-byte cache line).
+const SKEW_BLOCKS: usize = 4;
+
 /// One message of a multi-buffer encryption: its IV and its data (whole
 /// blocks, in place or from one buffer into another, see [`InOutBuf`]).
 pub struct Lane<'a> {
@@ -258,19 +262,32 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         use cipher::typenum::Unsigned;
         let par = B::ParBlocksSize::USIZE;
         let lanes = self.lanes;
-        let longest = lanes.iter().map(|l| l.buf.len()).max().unwrap_or(0);
+        let longest = lanes
+            .iter()
+            .map(|l| l.buf.len() / AES_BLOCK_SIZE)
+            .max()
+            .unwrap_or(0);
+        // Lane k starts `k * skew` steps late. Guest buffers are often page
+        // aligned: without the skew, block j of all lanes (and of their
+        // outputs) sits at the same page offset, in the same L1 cache set,
+        // and the lanes evict each other. Short messages gain nothing from it.
+        let skew = if longest >= 32 { SKEW_BLOCKS } else { 0 };
+        let steps = longest + skew * lanes.len().saturating_sub(1);
         let mut work = cipher::ParBlocks::<B>::default();
-        let mut which = [0usize; MAX_LANES];
-        let mut off = 0;
-        while off < longest {
+        let mut which = [(0usize, 0usize); MAX_LANES];
+        for step in 0..steps {
             let mut n = 0;
             for (i, lane) in lanes.iter_mut().enumerate() {
+                let Some(block) = step.checked_sub(i * skew) else {
+                    continue;
+                };
+                let off = block * AES_BLOCK_SIZE;
                 if off < lane.buf.len() {
                     let input = &lane.buf.get_in()[off..off + AES_BLOCK_SIZE];
                     for ((x, p), c) in work[n].iter_mut().zip(input).zip(&lane.iv) {
                         *x = p ^ c;
                     }
-                    which[n] = i;
+                    which[n] = (i, off);
                     n += 1;
                 }
             }
@@ -281,12 +298,11 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
                     backend.proc_block_inplace(b);
                 }
             }
-            for (b, &i) in work[..n].iter().zip(&which[..n]) {
+            for (b, &(i, off)) in work[..n].iter().zip(&which[..n]) {
                 let lane = &mut lanes[i];
                 lane.buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(b);
                 lane.iv.copy_from_slice(b);
             }
-            off += AES_BLOCK_SIZE;
         }
         // The work blocks hold ciphertext, which the lanes have anyway; clear
         // them all the same so no message bytes stay on the stack.
