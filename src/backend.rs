@@ -3,6 +3,7 @@
 //! and one worker thread per data queue running [`QueueWorker`].
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, RwLock};
 
 use log::{debug, warn};
@@ -38,6 +39,7 @@ pub struct CryptoBackend {
     mem: RwLock<Option<GuestMemoryAtomic<GuestMemory_>>>,
     workers: Vec<Mutex<QueueWorker>>,
     exit: Vec<(EventConsumer, EventNotifier)>,
+    handed_out: Mutex<Vec<RawFd>>,
 }
 
 impl CryptoBackend {
@@ -59,7 +61,24 @@ impl CryptoBackend {
             mem: RwLock::new(None),
             workers,
             exit,
+            handed_out: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Closes the exit-event descriptors handed to vhost-user-backend.
+    ///
+    /// # Safety
+    /// Call only after the library's worker threads have been joined (the
+    /// `VhostUserDaemon` of this backend is dropped): they watch these
+    /// descriptors until then.
+    pub unsafe fn close_handed_out_fds(&self) {
+        let fds = std::mem::take(&mut *self.handed_out.lock().unwrap_or_else(|e| e.into_inner()));
+        for fd in fds {
+            // SAFETY: the library took ownership of this descriptor with
+            // into_raw_fd and never closes it; its only user (the worker's
+            // epoll) is gone per the caller's contract, so we own it now.
+            drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+        }
     }
 
     /// Requests completed on each queue so far.
@@ -72,7 +91,7 @@ impl CryptoBackend {
 
     fn process_vring(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
         let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) else {
-            warn!("kick on queue {queue} before SET_MEM_TABLE");
+            debug!("kick on queue {queue} before SET_MEM_TABLE");
             return Ok(());
         };
         let mem = atomic.memory();
@@ -156,7 +175,14 @@ impl VhostUserBackend for CryptoBackend {
 
     fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let (c, n) = self.exit.get(thread_index)?;
-        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+        let consumer = c.try_clone().ok()?;
+        // vhost-user-backend 0.24 turns this consumer into a raw fd for its
+        // epoll and never closes it (event_loop.rs); remember it so the
+        // daemon can close it once the worker threads are gone.
+        if let Ok(mut fds) = self.handed_out.lock() {
+            fds.push(consumer.as_raw_fd());
+        }
+        Some((consumer, n.try_clone().ok()?))
     }
 
     fn handle_event(

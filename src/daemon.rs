@@ -12,7 +12,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use log::{error, info};
+use log::{debug, error, info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
@@ -114,16 +114,19 @@ pub fn serve_stream(frontend: UnixStream, config: &Config) -> Result<(), Error> 
     drop(listener);
     drop(dir);
 
-    if let Err(e) = frontend_proxy::run(frontend, ours, registry, config.session_abi, config.queues) {
-        info!("frontend connection ended: {e}");
+    match frontend_proxy::run(frontend, ours, registry, config.session_abi, config.queues) {
+        Ok(()) => debug!("frontend connection closed cleanly"),
+        Err(e) => warn!("frontend connection ended: {e}"),
     }
     if let Err(e) = daemon.wait() {
-        info!("vhost-user handler ended: {e}");
+        debug!("vhost-user handler ended: {e}");
     }
     info!("completed requests per queue: {:?}", backend.completed());
-    // Dropping the daemon stops the queue worker threads; dropping the
+    // Dropping the daemon joins the queue worker threads; dropping the
     // backend (last reference) drops the session tables, zeroizing keys.
     drop(daemon);
+    // SAFETY: the daemon is dropped, so its worker threads are joined.
+    unsafe { backend.close_handed_out_fds() };
     Ok(())
 }
 

@@ -9,11 +9,15 @@
 //!   (A, B or C, detected or forced), from the connection's session registry;
 //! * `CLOSE_CRYPTO_SESSION` (27): handled here, never answered (QEMU reads
 //!   no reply; one would desynchronise the channel); unknown ids are ignored;
-//! * `SET_VRING_KICK` (12) with a kick fd on a data ring, once
-//!   `VHOST_USER_F_PROTOCOL_FEATURES` was acked: forwarded, then followed by
-//!   an injected `SET_VRING_ENABLE(index, 1)` without NEED_REPLY, so the ring
-//!   is live once the frontend has set it up, whether or not the frontend
-//!   ever enables it (a later real `SET_VRING_ENABLE` is forwarded as is);
+//! * `SET_VRING_KICK` (12) and `SET_VRING_CALL` (13) with fds on a data
+//!   ring, once `VHOST_USER_F_PROTOCOL_FEATURES` was acked: forwarded, and
+//!   when the ring has both, followed by an injected
+//!   `SET_VRING_ENABLE(index, 1)` without NEED_REPLY, so the ring is live
+//!   once the frontend has set it up, whether or not the frontend ever
+//!   enables it (a real `SET_VRING_ENABLE` is forwarded as is; after
+//!   `GET_VRING_BASE` stops a ring, it is enabled again once set up again);
+//! * `SET_VRING_NUM` and `SET_VRING_BASE` values no split ring can have end
+//!   the connection (the library would accept or truncate them);
 //! * everything else: forwarded unchanged, with its file descriptors.
 //!
 //! Backend-to-frontend bytes (replies) are forwarded unchanged with their
@@ -44,8 +48,14 @@ use crate::wire::Status;
 pub const VHOST_USER_SET_FEATURES: u32 = 2;
 /// `VHOST_USER_SET_VRING_NUM`.
 pub const VHOST_USER_SET_VRING_NUM: u32 = 8;
+/// `VHOST_USER_SET_VRING_BASE`.
+pub const VHOST_USER_SET_VRING_BASE: u32 = 10;
+/// `VHOST_USER_GET_VRING_BASE`.
+pub const VHOST_USER_GET_VRING_BASE: u32 = 11;
 /// `VHOST_USER_SET_VRING_KICK`.
 pub const VHOST_USER_SET_VRING_KICK: u32 = 12;
+/// `VHOST_USER_SET_VRING_CALL`.
+pub const VHOST_USER_SET_VRING_CALL: u32 = 13;
 /// `VHOST_USER_SET_VRING_ENABLE`.
 pub const VHOST_USER_SET_VRING_ENABLE: u32 = 18;
 /// `VHOST_USER_VRING_NOFD_MASK`: bit 8 of a vring fd message's u64.
@@ -160,8 +170,12 @@ pub fn run(
                 }
             }
         }
-        // The library ended the connection: end the frontend's too.
+        // The library ended the connection, or the frontend stopped taking
+        // replies: end both sides, so neither the library (blocked writing
+        // replies nobody reads) nor the request pump (blocked writing to the
+        // library) can stay stuck.
         let _ = front_shut.shutdown(Shutdown::Both);
+        let _ = backend_r.shutdown(Shutdown::Both);
     })?;
 
     let result = pump_requests(&frontend, &backend, &frontend_w, &mut registry, abi, num_queues);
@@ -181,6 +195,7 @@ fn pump_requests(
     num_queues: usize,
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
+    let mut rings = vec![RingSetup::default(); num_queues];
     while let Some(msg) = recv_message(frontend)? {
         let (request, flags, _) = decode_header(&msg.hdr);
         match request {
@@ -213,6 +228,17 @@ fn pump_requests(
                         ));
                     }
                 }
+                if request == VHOST_USER_SET_VRING_BASE && msg.payload.len() == 8 {
+                    // A split ring's index is 16 bits; the library would
+                    // truncate a larger value silently.
+                    let num = u32::from_le_bytes(msg.payload[4..8].try_into().unwrap_or_default());
+                    if num > u32::from(u16::MAX) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("SET_VRING_BASE {num} does not fit a split ring's 16-bit index"),
+                        ));
+                    }
+                }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
                 }
@@ -220,21 +246,59 @@ fn pump_requests(
                 whole.extend_from_slice(&msg.hdr);
                 whole.extend_from_slice(&msg.payload);
                 send_all(backend, &whole, &msg.fds)?;
-                if request == VHOST_USER_SET_VRING_KICK
-                    && msg.payload.len() == 8
-                    && acked_features & PROTOCOL_FEATURES_BIT != 0
-                {
-                    let v = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
-                    let index = v & VHOST_USER_VRING_IDX_MASK;
-                    if v & VHOST_USER_VRING_NOFD_MASK == 0 && (index as usize) < num_queues {
+                if let Some((index, ring)) = track_ring_setup(&mut rings, request, &msg.payload) {
+                    // Enable only once the ring has both its kick and its call
+                    // eventfd (QEMU sends KICK before CALL): a request done
+                    // before the call fd is set would complete without an
+                    // interrupt, and the guest would wait for it forever.
+                    if ring.kick && ring.call && !ring.enabled && acked_features & PROTOCOL_FEATURES_BIT != 0
+                    {
                         debug!("enabling data ring {index} (frontend set it up)");
                         send_all(backend, &enable_message(index as u32), &[])?;
+                        ring.enabled = true;
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// What the frontend has set up for one data ring since it was last stopped.
+#[derive(Debug, Clone, Copy, Default)]
+struct RingSetup {
+    kick: bool,
+    call: bool,
+    enabled: bool,
+}
+
+/// Updates `rings` for a forwarded message; returns the ring it set up
+/// (kick or call fd) so the caller can enable it.
+fn track_ring_setup<'r>(
+    rings: &'r mut [RingSetup],
+    request: u32,
+    payload: &[u8],
+) -> Option<(usize, &'r mut RingSetup)> {
+    let word = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
+    let index = match request {
+        VHOST_USER_SET_VRING_KICK | VHOST_USER_SET_VRING_CALL => (word & VHOST_USER_VRING_IDX_MASK) as usize,
+        // vhost_vring_state: index u32, num u32.
+        VHOST_USER_GET_VRING_BASE | VHOST_USER_SET_VRING_ENABLE => (word & 0xffff_ffff) as usize,
+        _ => return None,
+    };
+    let ring = rings.get_mut(index)?;
+    let has_fd = word & VHOST_USER_VRING_NOFD_MASK == 0;
+    match request {
+        VHOST_USER_SET_VRING_KICK => ring.kick = has_fd,
+        VHOST_USER_SET_VRING_CALL => ring.call = has_fd,
+        // The library stops the ring and drops both fds.
+        VHOST_USER_GET_VRING_BASE => *ring = RingSetup::default(),
+        _ => {
+            ring.enabled = word >> 32 != 0;
+            return None;
+        }
+    }
+    (request != VHOST_USER_GET_VRING_BASE).then_some((index, ring))
 }
 
 /// `SET_VRING_ENABLE(index, 1)`, flags = version 1 (no NEED_REPLY).
@@ -272,8 +336,208 @@ pub fn handle_create(registry: &mut SessionRegistry, payload: &[u8], abi: AbiCho
             -(Status::Err as i64)
         }
     };
-    // A forced layout whose size does not match: answer where that layout
-    // keeps the id only if it fits; create_reply skips it otherwise.
-    let reply_layout = layout.filter(|l| l.size() == payload.len());
-    create_reply(payload, reply_layout, id)
+    // The id goes where the frontend that sent this size reads it: at 1064
+    // in a 1072-byte payload, at 0 otherwise (also when a forced layout
+    // does not match the size).
+    create_reply(payload, SessionAbi::detect(payload), id)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The layer's framing over real socket pairs: a fake frontend on one
+    //! side, a fake library on the other. Messages are laid out by hand from
+    //! the vhost-user spec (header: request, flags, size; u64 payloads).
+    use super::*;
+    use crate::sessions::session_set;
+    use std::os::fd::AsRawFd;
+    use std::time::Duration;
+
+    fn msg(request: u32, flags: u32, payload: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&request.to_le_bytes());
+        m.extend_from_slice(&flags.to_le_bytes());
+        m.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        m.extend_from_slice(payload);
+        m
+    }
+
+    /// Reads one message and its fds, or None if nothing comes within 200 ms.
+    fn read_msg(s: &UnixStream) -> Option<(u32, u32, Vec<u8>, usize)> {
+        s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let mut hdr = [0u8; 12];
+        let (n, fds) = recv_some(s, &mut hdr).ok()?;
+        if n == 0 {
+            return None;
+        }
+        if n < 12 {
+            (&*s).read_exact(&mut hdr[n..]).ok()?;
+        }
+        let (req, flags, size) = decode_header(&hdr);
+        let mut p = vec![0u8; size as usize];
+        (&*s).read_exact(&mut p).ok()?;
+        Some((req, flags, p, fds.len()))
+    }
+
+    struct Rig {
+        front: UnixStream,
+        lib: UnixStream,
+        thread: Option<thread::JoinHandle<io::Result<()>>>,
+    }
+
+    fn rig(abi: AbiChoice) -> Rig {
+        let (front, front_peer) = UnixStream::pair().unwrap();
+        let (lib, lib_peer) = UnixStream::pair().unwrap();
+        let (registry, _tables) = session_set(8, 1);
+        let thread = Some(thread::spawn(move || run(front_peer, lib_peer, registry, abi, 1)));
+        Rig { front, lib, thread }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            let _ = self.front.shutdown(Shutdown::Both);
+            let _ = self.lib.shutdown(Shutdown::Both);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    #[test]
+    fn forwards_with_fds_and_enables_a_ring_once_kick_and_call_are_set() {
+        let r = rig(AbiChoice::Auto);
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        // SET_FEATURES(bit 30) is forwarded unchanged.
+        r.front
+            .send_with_fds(&[&msg(2, 1, &(1u64 << 30).to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(
+            read_msg(&r.lib),
+            Some((2, 1, (1u64 << 30).to_le_bytes().to_vec(), 0))
+        );
+        // SET_VRING_KICK(0) with its fd: forwarded with the fd, no enable yet.
+        r.front
+            .send_with_fds(&[&msg(12, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib), Some((12, 1, 0u64.to_le_bytes().to_vec(), 1)));
+        assert_eq!(read_msg(&r.lib), None, "enabled before the call fd was set");
+        // SET_VRING_CALL(0) with its fd: forwarded, then SET_VRING_ENABLE(0, 1).
+        r.front
+            .send_with_fds(&[&msg(13, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib), Some((13, 1, 0u64.to_le_bytes().to_vec(), 1)));
+        assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0, 0, 0, 0, 1, 0, 0, 0], 0)));
+        // A second CALL does not enable again.
+        r.front
+            .send_with_fds(&[&msg(13, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(13));
+        assert_eq!(read_msg(&r.lib), None);
+        // GET_VRING_BASE stops the ring; set up again, it is enabled again.
+        r.front.send_with_fds(&[&msg(11, 1, &[0; 8])[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(11));
+        for req in [12u32, 13] {
+            r.front
+                .send_with_fds(&[&msg(req, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+                .unwrap();
+            assert_eq!(read_msg(&r.lib).map(|m| (m.0, m.3)), Some((req, 1)));
+        }
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(18));
+        // A ring index past the queues is forwarded and never enabled.
+        r.front
+            .send_with_fds(&[&msg(12, 1, &5u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        r.front
+            .send_with_fds(&[&msg(13, 1, &5u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(12));
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(13));
+        assert_eq!(read_msg(&r.lib), None);
+        // Library replies reach the frontend unchanged.
+        r.lib
+            .send_with_fds(&[&msg(1, 5, &0x4000_0000u64.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(
+            read_msg(&r.front),
+            Some((1, 5, 0x4000_0000u64.to_le_bytes().to_vec(), 0))
+        );
+    }
+
+    #[test]
+    fn no_enable_without_protocol_features() {
+        let r = rig(AbiChoice::Auto);
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        // SET_FEATURES without bit 30: the library enables rings itself.
+        r.front
+            .send_with_fds(&[&msg(2, 1, &(1u64 << 32).to_le_bytes())[..]], &[])
+            .unwrap();
+        for req in [2u32, 12, 13] {
+            if req != 2 {
+                r.front
+                    .send_with_fds(&[&msg(req, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+                    .unwrap();
+            }
+            assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(req));
+        }
+        assert_eq!(read_msg(&r.lib), None);
+    }
+
+    #[test]
+    fn create_is_answered_here_and_close_never() {
+        let r = rig(AbiChoice::Auto);
+        // Layout B (QEMU 7.2), AES-128-CBC encrypt: cipher_alg @8, key_len @12,
+        // op_type @32, direction @33, key @56.
+        let mut p = vec![0u8; 632];
+        p[8] = 3;
+        p[12] = 16;
+        p[32] = 1;
+        p[33] = 1;
+        p[56..72].copy_from_slice(&[0x2b; 16]);
+        r.front.send_with_fds(&[&msg(26, 1, &p)[..]], &[]).unwrap();
+        let (req, flags, reply, _) = read_msg(&r.front).unwrap();
+        assert_eq!((req, flags, reply.len()), (26, 5, 632));
+        assert_eq!(&reply[0..8], &1i64.to_le_bytes());
+        assert!(reply[56..72].iter().all(|&b| b == 0), "key echoed back");
+        // CLOSE (known and unknown ids): no reply, nothing forwarded.
+        for id in [1u64, 77] {
+            r.front
+                .send_with_fds(&[&msg(27, 1, &id.to_le_bytes())[..]], &[])
+                .unwrap();
+        }
+        assert_eq!(read_msg(&r.front), None);
+        assert_eq!(read_msg(&r.lib), None);
+        // Layout C (1072 bytes) with an unknown cipher: negative id at 1064.
+        let mut p = vec![0u8; 1072];
+        p[0] = 2;
+        p[8] = 4;
+        p[12] = 16;
+        p[32] = 1;
+        p[33] = 1;
+        r.front.send_with_fds(&[&msg(26, 1, &p)[..]], &[]).unwrap();
+        let (_, _, reply, _) = read_msg(&r.front).unwrap();
+        assert_eq!(&reply[1064..1072], &(-3i64).to_le_bytes());
+    }
+
+    #[test]
+    fn forced_layout_of_the_wrong_size_answers_where_the_frontend_reads() {
+        let r = rig(AbiChoice::Fixed(SessionAbi::B));
+        let p = vec![0u8; 1072];
+        r.front.send_with_fds(&[&msg(26, 1, &p)[..]], &[]).unwrap();
+        let (_, _, reply, _) = read_msg(&r.front).unwrap();
+        assert_eq!(reply.len(), 1072);
+        assert_eq!(&reply[1064..1072], &(-1i64).to_le_bytes());
+    }
+
+    #[test]
+    fn oversized_or_impossible_values_end_the_connection() {
+        for bad in [
+            msg(1, 1, &vec![0u8; 4097]),
+            msg(8, 1, &[0, 0, 0, 0, 3, 0, 0, 0]),
+            msg(10, 1, &[0, 0, 0, 0, 1, 0, 1, 0]),
+        ] {
+            let mut r = rig(AbiChoice::Auto);
+            r.front.send_with_fds(&[&bad[..]], &[]).unwrap();
+            let result = r.thread.take().unwrap().join().unwrap();
+            assert_eq!(result.unwrap_err().kind(), io::ErrorKind::InvalidData);
+        }
+    }
 }

@@ -195,7 +195,6 @@ impl QueueWorker {
     /// avail index that jumped past the queue size) is stopped: logged once,
     /// never processed again until the frontend sets it up anew (other
     /// addresses) or stops it ([`QueueWorker::reset`]).
-    /// never processed again until the frontend sets it up anew.
     pub fn process(
         &mut self,
         mem: &GuestMemory_,
@@ -228,7 +227,8 @@ impl QueueWorker {
         let mut result = BatchResult::default();
         let ring = Ring::map(mem, addrs).map_err(|e| (e, result))?;
         loop {
-            self.sessions.sync();
+            // One lock per batch: the registry's CREATE/CLOSE wait for it.
+            let sessions = self.sessions.lock();
             let avail = ring.avail_idx();
             let ahead = avail.wrapping_sub(*next_avail);
             if ahead > ring.size {
@@ -260,7 +260,7 @@ impl QueueWorker {
                 if let Some(f) = self.walker.fault() {
                     debug!("malformed descriptor chain at head {head}: {f:?}");
                 }
-                match prepare(&self.walker, &self.sessions, self.limits, true) {
+                match prepare(&self.walker, &sessions, self.limits, true) {
                     Prepared::Done(c) => self.done.push((head, c.used_len)),
                     Prepared::Lane(l) => {
                         let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));

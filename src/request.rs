@@ -24,7 +24,7 @@ use algorithms::cipher::inout::InOutBuf;
 use algorithms::{cbc_encrypt_multi, AesCbcKey, CbcStream, Direction, Lane, MAX_LANES};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 
-use crate::sessions::SessionTable;
+use crate::sessions::Sessions;
 use crate::wire::{
     OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_DECRYPT,
     VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
@@ -555,7 +555,7 @@ pub struct RequestLimits {
 
 /// Validates and executes the request whose chain `w` has just walked, and
 /// writes its status. Never fails: every problem becomes a status.
-pub fn process_request(w: &ChainWalker, sessions: &SessionTable, limits: RequestLimits) -> Completion {
+pub fn process_request(w: &ChainWalker, sessions: &Sessions, limits: RequestLimits) -> Completion {
     match prepare(w, sessions, limits, false) {
         Prepared::Done(c) => c,
         // Not reachable with `allow_lane` false; complete it alone anyway.
@@ -608,7 +608,7 @@ pub enum Prepared<'s> {
 /// returned as a [`LaneReq`] instead.
 pub fn prepare<'s>(
     w: &ChainWalker,
-    sessions: &'s SessionTable,
+    sessions: &'s Sessions,
     limits: RequestLimits,
     allow_lane: bool,
 ) -> Prepared<'s> {
@@ -710,11 +710,7 @@ struct Valid<'s> {
     len: usize,
 }
 
-fn validate<'s>(
-    w: &ChainWalker,
-    sessions: &'s SessionTable,
-    limits: RequestLimits,
-) -> Result<Valid<'s>, Status> {
+fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) -> Result<Valid<'s>, Status> {
     // 1. Header readable: copied out once, everything below uses the copy.
     let mut raw = [0u8; OP_DATA_REQ_SIZE];
     if w.status.is_none() || !gather(&w.readable, 0, &mut raw) {

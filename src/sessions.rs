@@ -6,17 +6,21 @@
 //! Sessions belong to a connection (QEMU routes every session message of a
 //! device through one socket, protocol reference §1.2). The registry lives
 //! with the session-message handler; it validates a CREATE, expands the key
-//! once, and sends the session to every queue worker over a channel before
-//! the reply goes out, so a session is in a worker's table before the guest
-//! can use its id. Workers drain their channel at the start of each batch:
-//! the data path takes no lock to look a session up.
+//! once, and puts the session into every queue's table before the reply
+//! goes out, so a session is there before the guest can use its id. A queue
+//! worker locks its table once per batch (not per request) and looks
+//! sessions up in the locked table; a CREATE or CLOSE waits for the current
+//! batch of each queue to end. Nothing queues up between the two sides, so
+//! memory stays bounded however many sessions come and go while no request
+//! arrives.
 //!
 //! Ids start at 1 and are never reused on a connection. Key schedules are
-//! zeroized when a session is closed and when the connection ends (the
-//! tables are dropped), see `algorithms::AesCbcKey`.
+//! zeroized when a session is closed (it is dropped from every table at
+//! once) and when the connection ends (the tables are dropped), see
+//! `algorithms::AesCbcKey`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use algorithms::{AesCbcKey, Direction};
 use log::{debug, warn};
@@ -40,32 +44,25 @@ pub struct Session {
     pub key: AesCbcKey,
 }
 
-/// A change to the session set, sent from the registry to each worker.
-#[derive(Debug)]
-pub enum SessionEvent {
-    /// A new session.
-    Created(u64, Box<Session>),
-    /// A session was closed.
-    Closed(u64),
-}
-
 /// Per-connection session registry (the session-message side).
 #[derive(Debug)]
 pub struct SessionRegistry {
     next_id: u64,
     live: HashSet<u64>,
     max_sessions: usize,
-    workers: Vec<Sender<SessionEvent>>,
+    tables: Vec<SessionTable>,
+    refused_full: u64,
 }
 
 impl SessionRegistry {
-    /// A registry allowing `max_sessions` live sessions, feeding `workers`.
-    pub fn new(max_sessions: usize, workers: Vec<Sender<SessionEvent>>) -> Self {
+    /// A registry allowing `max_sessions` live sessions, updating `tables`.
+    pub fn new(max_sessions: usize, tables: Vec<SessionTable>) -> Self {
         SessionRegistry {
             next_id: 1,
             live: HashSet::with_capacity(max_sessions.min(MAX_PRERESERVED)),
             max_sessions,
-            workers,
+            tables,
+            refused_full: 0,
         }
     }
 
@@ -109,16 +106,22 @@ impl SessionRegistry {
             return neg(Status::Err);
         };
         if self.live.len() >= self.max_sessions {
-            warn!("CREATE_CRYPTO_SESSION refused: {} sessions live", self.live.len());
+            // A guest can repeat this at will: warn once per connection.
+            if self.refused_full == 0 {
+                warn!(
+                    "CREATE_CRYPTO_SESSION refused: {} sessions live (--max-sessions)",
+                    self.live.len()
+                );
+            }
+            self.refused_full += 1;
             return neg(Status::NoSpc);
         }
         let id = self.next_id;
         self.next_id += 1;
         self.live.insert(id);
         let session = Session { direction, key };
-        for w in &self.workers {
-            // A worker that is gone has no table to update.
-            let _ = w.send(SessionEvent::Created(id, Box::new(session.clone())));
+        for t in &self.tables {
+            t.lock().map.insert(id, session.clone());
         }
         debug!(
             "session {id} created ({direction:?}, {} bits)",
@@ -133,69 +136,78 @@ impl SessionRegistry {
             debug!("CLOSE_CRYPTO_SESSION for unknown session {id} ignored");
             return false;
         }
-        for w in &self.workers {
-            let _ = w.send(SessionEvent::Closed(id));
+        for t in &self.tables {
+            // Dropping the session zeroizes its key schedule.
+            drop(t.lock().map.remove(&id));
         }
         debug!("session {id} closed");
         true
     }
 }
 
-/// A queue worker's copy of the session set.
-#[derive(Debug)]
-pub struct SessionTable {
+/// The sessions one queue can use, as the data path sees them while its
+/// table is locked.
+#[derive(Debug, Default)]
+pub struct Sessions {
     map: HashMap<u64, Session>,
-    events: Receiver<SessionEvent>,
 }
 
-impl SessionTable {
-    /// An empty table fed by `events`.
-    pub fn new(max_sessions: usize, events: Receiver<SessionEvent>) -> Self {
-        SessionTable {
-            map: HashMap::with_capacity(max_sessions.min(MAX_PRERESERVED)),
-            events,
-        }
-    }
-
-    /// Applies every pending create/close (call before each batch).
-    pub fn sync(&mut self) {
-        while let Ok(ev) = self.events.try_recv() {
-            match ev {
-                SessionEvent::Created(id, s) => {
-                    self.map.insert(id, *s);
-                }
-                // Dropping the session zeroizes its key schedule.
-                SessionEvent::Closed(id) => drop(self.map.remove(&id)),
-            }
-        }
-    }
-
+impl Sessions {
     /// Looks a session up.
     pub fn get(&self, id: u64) -> Option<&Session> {
         self.map.get(&id)
     }
 
-    /// Number of sessions in the table.
+    /// Number of sessions.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
-    /// Whether the table is empty.
+    /// Whether there is none.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 }
 
-/// Creates a registry and `queues` worker tables connected to it.
-pub fn session_set(max_sessions: usize, queues: usize) -> (SessionRegistry, Vec<SessionTable>) {
-    let mut txs = Vec::with_capacity(queues);
-    let mut tables = Vec::with_capacity(queues);
-    for _ in 0..queues {
-        let (tx, rx) = std::sync::mpsc::channel();
-        txs.push(tx);
-        tables.push(SessionTable::new(max_sessions, rx));
+/// A queue's session table, shared between the registry (which updates it)
+/// and the queue worker (which locks it once per batch).
+#[derive(Debug, Clone)]
+pub struct SessionTable {
+    shared: Arc<Mutex<Sessions>>,
+}
+
+impl SessionTable {
+    /// An empty table with room for `max_sessions` (up to a bound).
+    pub fn new(max_sessions: usize) -> Self {
+        SessionTable {
+            shared: Arc::new(Mutex::new(Sessions {
+                map: HashMap::with_capacity(max_sessions.min(MAX_PRERESERVED)),
+            })),
+        }
     }
-    (SessionRegistry::new(max_sessions, txs), tables)
+
+    /// Locks the table. A poisoned lock (a panic elsewhere while it was
+    /// held) still holds a consistent map: every update is one insert or
+    /// remove.
+    pub fn lock(&self) -> MutexGuard<'_, Sessions> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of sessions in the table.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// Creates a registry and `queues` tables connected to it.
+pub fn session_set(max_sessions: usize, queues: usize) -> (SessionRegistry, Vec<SessionTable>) {
+    let tables: Vec<SessionTable> = (0..queues).map(|_| SessionTable::new(max_sessions)).collect();
+    (SessionRegistry::new(max_sessions, tables.clone()), tables)
 }
 
 #[cfg(test)]
@@ -216,13 +228,13 @@ mod tests {
 
     #[test]
     fn ids_start_at_one_and_are_never_reused() {
-        let (mut reg, mut tables) = session_set(4, 2);
+        let (mut reg, tables) = session_set(4, 2);
         assert_eq!(reg.create(&info(16, 1)), 1);
         assert_eq!(reg.create(&info(24, 2)), 2);
         assert!(reg.close(1));
         assert_eq!(reg.create(&info(32, 1)), 3);
-        for t in &mut tables {
-            t.sync();
+        for t in &tables {
+            let t = t.lock();
             assert!(t.get(1).is_none());
             assert_eq!(t.get(2).unwrap().direction, Direction::Decrypt);
             assert_eq!(t.get(3).unwrap().key.key_bits(), 256);
@@ -255,13 +267,12 @@ mod tests {
 
     #[test]
     fn close_of_unknown_id_is_ignored() {
-        let (mut reg, mut t) = session_set(8, 1);
+        let (mut reg, t) = session_set(8, 1);
         assert!(!reg.close(0));
         assert!(!reg.close(42));
         assert_eq!(reg.create(&info(16, 1)), 1);
         assert!(reg.close(1));
         assert!(!reg.close(1), "double close");
-        t[0].sync();
         assert!(t[0].is_empty());
     }
 }
