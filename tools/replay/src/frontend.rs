@@ -9,6 +9,50 @@
 //! written on a clone of the same socket with the daemon's
 //! `session_msg` module (messages are strictly sequential, so the two never
 //! interleave).
+//!
+//! # DPDK 22.11 (`--dpdk`)
+//!
+//! What `examples/vhost_crypto` of DPDK 22.11 (Debian 12's `dpdk-doc` +
+//! `libdpdk-dev` 22.11.11) does, read in the v22.11 sources
+//! (`lib/vhost/vhost_crypto.c`, `lib/vhost/vhost_user.c`,
+//! `examples/vhost_crypto/main.c`) and seen live with
+//! `tools/bench/dpdk-vhost-crypto.sh`:
+//!
+//! * The session handler for messages 26/27 is installed by the app's
+//!   `new_device` callback, which `vhost_user.c` calls only once every ring
+//!   set up is enabled (`virtio_is_ready`); a CREATE before that is "not
+//!   handled" and drops the connection. So the rings are set up and enabled
+//!   with `SET_VRING_ENABLE(1)` before the first CREATE, and F_STATUS is not
+//!   acked (with it, readiness would also wait for DRIVER_OK).
+//! * CREATE is answered like QEMU expects: request 26, flags 0x5
+//!   (`send_vhost_reply`), the received payload and size echoed with the id
+//!   at offset 0 (layout A, 632 bytes); ids count from 1 per connection; a
+//!   bad key gives a negative id. No NEED_REPLY is needed.
+//! * CLOSE of a live id gets no reply (as with QEMU), so the GET_FEATURES
+//!   barrier works. CLOSE of an id DPDK does not know makes the post-handler
+//!   fail without NEED_REPLY, and `vhost_user_msg_handler` then closes the
+//!   connection ("vhost message handling failed"); [`CryptoFrontend`] never
+//!   sends such a CLOSE in DPDK mode (see [`CryptoFrontend::close_session`]).
+//!   A CLOSE does not reset DPDK's one-entry session cache
+//!   (`vhost_crypto_close_sess`), so a request naming the session closed last
+//!   still "succeeds", with the output left equal to the input.
+//! * Requests: the head must be one indirect descriptor (a direct chain is
+//!   refused), and completion writes `used->ring[avail->ring[h]]` with the
+//!   id `avail->ring[avail->ring[h]]` for head `h`
+//!   (`vhost_crypto_finalize_one_request`), which is right only if ring slot
+//!   i holds head i; [`DriverQueue::next_slot`] keeps that. The used length
+//!   is `dst_data_len + 1` (`prepare_sym_cipher_op`: `vc_req->len =
+//!   dst_data_len + INHDR_LEN`), this project's convention too, so the
+//!   replay check is unchanged (seen: 257 for 256-byte requests, 18 for a
+//!   17-byte one, which DPDK completes as OK). A request DPDK rejects
+//!   (unknown session, malformed descriptors, zero-length data, data over
+//!   2176 bytes = `RTE_MBUF_DEFAULT_BUF_SIZE`) gets
+//!   an error status written but is never put on the used ring, and the
+//!   queue stops at it (see [`Error::DpdkStall`]).
+//! * The worker polls the avail ring (kicks are never read) and, unless the
+//!   app runs with `--guest-polling`, writes the call eventfd after every
+//!   completion burst (`vhost_crypto_worker` in the example). The example
+//!   serves data queue 0 only (`NB_VIRTIO_QUEUES` = 1).
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -60,6 +104,13 @@ pub enum Error {
     /// The backend stopped answering.
     #[error("timed out waiting for completions")]
     Timeout,
+    /// DPDK mode: the backend stopped answering.
+    #[error(
+        "timed out waiting for completions (DPDK 22.11 never completes a request it rejects \
+         (unknown session, malformed descriptors, zero-length or oversized data) and stops the \
+         queue at it; its vhost_crypto example serves data queue 0 only)"
+    )]
+    DpdkStall,
 }
 
 /// How requests are laid out in descriptors.
@@ -113,7 +164,7 @@ pub struct DriverQueue {
     kicked_idx: u16,
     last_used: u16,
     event_idx: bool,
-    poll: bool,
+    dpdk: bool,
     kick: EventFd,
     call: EventFd,
     slots_base: u64,
@@ -288,11 +339,14 @@ impl DriverQueue {
     }
 
     /// Collects completed requests into `out`; waits up to `timeout` for
-    /// at least one when none is ready (on the call eventfd, or polling in
-    /// DPDK mode, whose backend may not signal).
+    /// at least one when none is ready, on the call eventfd. In DPDK mode
+    /// the used ring is also re-read every millisecond: the 22.11 example
+    /// signals the call eventfd after each completion burst, but not when
+    /// started with `--guest-polling`.
     ///
     /// # Errors
-    /// [`Error::Timeout`] if nothing completes in time.
+    /// [`Error::Timeout`] ([`Error::DpdkStall`] in DPDK mode) if nothing
+    /// completes in time.
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
         let start = std::time::Instant::now();
         loop {
@@ -315,23 +369,20 @@ impl DriverQueue {
                 return Ok(());
             }
             if start.elapsed() > timeout {
-                return Err(Error::Timeout);
+                return Err(if self.dpdk {
+                    Error::DpdkStall
+                } else {
+                    Error::Timeout
+                });
             }
-            if self.poll {
-                std::hint::spin_loop();
-                if start.elapsed() > Duration::from_millis(1) {
-                    std::thread::yield_now();
-                }
-            } else {
-                let mut pfd = libc::pollfd {
-                    fd: self.call_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut pfd, 1, 100) };
-                let _ = self.call.read();
-            }
+            let mut pfd = libc::pollfd {
+                fd: self.call_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, if self.dpdk { 1 } else { 100 }) };
+            let _ = self.call.read();
         }
     }
 
@@ -414,6 +465,8 @@ pub struct CryptoFrontend {
     pub mem: Arc<GuestMem>,
     /// Data queues.
     pub queues: Vec<DriverQueue>,
+    /// DPDK mode: the session ids the backend holds (created, not closed).
+    dpdk_live: Option<std::collections::HashSet<u64>>,
 }
 
 impl CryptoFrontend {
@@ -502,7 +555,7 @@ impl CryptoFrontend {
                 kicked_idx: 0,
                 last_used: 0,
                 event_idx,
-                poll: cfg.dpdk,
+                dpdk: cfg.dpdk,
                 kick,
                 call,
                 slots_base,
@@ -527,6 +580,7 @@ impl CryptoFrontend {
             abi: cfg.session_abi,
             mem,
             queues,
+            dpdk_live: cfg.dpdk.then(Default::default),
         })
     }
 
@@ -552,16 +606,31 @@ impl CryptoFrontend {
         if size != self.abi.size() {
             return Err(Error::BadReply(format!("size {size}, sent {}", self.abi.size())));
         }
-        reply_session_id(&payload, self.abi).ok_or_else(|| Error::BadReply("short".into()))
+        let id = reply_session_id(&payload, self.abi).ok_or_else(|| Error::BadReply("short".into()))?;
+        if let (Some(live), true) = (&mut self.dpdk_live, id > 0) {
+            live.insert(id as u64);
+        }
+        Ok(id)
     }
 
     /// Sends CLOSE_CRYPTO_SESSION (which has no reply), then a GET_FEATURES
     /// round trip: a backend handles messages in order, so once that reply
     /// is back the close has taken effect and later requests see it.
     ///
+    /// In DPDK mode an id this connection did not get from CREATE, or has
+    /// closed already, is not sent: DPDK 22.11 would close the connection
+    /// (`vhost_crypto_close_sess` fails, and without NEED_REPLY
+    /// `vhost_user_msg_handler` treats that as fatal); the session is gone
+    /// either way.
+    ///
     /// # Errors
     /// Socket failures.
     pub fn close_session(&mut self, id: u64) -> Result<(), Error> {
+        if let Some(live) = &mut self.dpdk_live {
+            if !live.remove(&id) {
+                return Ok(());
+            }
+        }
         self.sock.write_all(&close_request(id))?;
         self.frontend
             .get_features()
