@@ -50,7 +50,15 @@ pub struct Args {
     /// Layout of CREATE_CRYPTO_SESSION payloads.
     #[arg(long, value_enum, default_value_t = SessionAbiArg::Auto)]
     pub session_abi: SessionAbiArg,
+
+    /// Microseconds a queue worker keeps polling the avail ring after its
+    /// last request before sleeping on kicks again (0: never poll).
+    #[arg(long, default_value_t = DEFAULT_POLL_US, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    pub poll_us: u64,
 }
+
+/// Default of `--poll-us`.
+pub const DEFAULT_POLL_US: u64 = 50;
 
 impl From<Args> for Config {
     fn from(a: Args) -> Self {
@@ -61,6 +69,7 @@ impl From<Args> for Config {
             limits: RequestLimits {
                 max_request_bytes: a.max_request_bytes,
             },
+            poll: std::time::Duration::from_micros(a.poll_us),
             session_abi: match a.session_abi {
                 SessionAbiArg::Auto => AbiChoice::Auto,
                 SessionAbiArg::A => AbiChoice::Fixed(SessionAbi::A),

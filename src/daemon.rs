@@ -35,6 +35,8 @@ pub struct Config {
     pub limits: RequestLimits,
     /// CREATE payload layout.
     pub session_abi: AbiChoice,
+    /// How long a queue worker keeps polling after its last request.
+    pub poll: std::time::Duration,
 }
 
 /// Host-side failures (guest errors never get here).
@@ -92,7 +94,7 @@ pub fn serve_one(listener: &UnixListener, config: &Config) -> Result<(), Error> 
 pub fn serve_stream(frontend: UnixStream, config: &Config) -> Result<(), Error> {
     let be = |e: &dyn std::fmt::Display| Error::Backend(e.to_string());
     let (registry, tables) = session_set(config.max_sessions, config.queues);
-    let backend = Arc::new(CryptoBackend::new(tables, config.limits).map_err(|e| be(&e))?);
+    let backend = Arc::new(CryptoBackend::new(tables, config.limits, config.poll).map_err(|e| be(&e))?);
     let mut daemon = VhostUserDaemon::new(
         "vhost-user-crypto".into(),
         backend.clone(),
