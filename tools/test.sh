@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README "Testing", and what .ci/run runs).
+# The project's test command (the second command of the README's "Quick start", and what .ci/run runs).
 # Installs what the tests need on a Debian 12 machine, builds the guest
 # image and QEMU 10 for the end-to-end test, then runs fmt, clippy, the
 # whole workspace's tests (including the QEMU end-to-end test with QEMU 7.2

@@ -21,7 +21,7 @@ Options:
                       qemu10 (tools/guest/out/qemu10, see fetch-qemu10.sh) or a path
   --timeout SECS      kill QEMU after SECS seconds (default 170)
   --speed SECS        seconds per chunk size of the guest speed loop (default 1; 0 = skip)
-  --ops N             operations of the guest's random cross-check (default: guest's 400)
+  --ops N             operations of the guest's random cross-check (default: the guest's 1000)
   --seed N            PRNG seed for the guest (default: guest picks one and prints it)
   --log FILE          also write the guest console (and QEMU's stderr) to FILE
   --daemon-log FILE   daemon output file (default: a temporary file, shown on failure)

@@ -101,6 +101,9 @@ pub enum Error {
     /// A raw request of the trace cannot be laid out.
     #[error("raw request: {0}")]
     Raw(String),
+    /// The tool's own options do not fit together.
+    #[error("{0}")]
+    Options(String),
     /// The backend stopped answering.
     #[error("timed out waiting for completions")]
     Timeout,
@@ -143,6 +146,39 @@ pub struct FrontendConfig {
     pub desc_mode: DescMode,
     /// Drive DPDK 22.11's vhost-crypto (protocol reference §5.7).
     pub dpdk: bool,
+}
+
+impl FrontendConfig {
+    /// Checks the options against each other.
+    ///
+    /// # Errors
+    /// [`Error::Options`] with what to change.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::Options(m));
+        if self.queues == 0 {
+            return bad("--queues must be at least 1".into());
+        }
+        if !self.queue_size.is_power_of_two() || self.queue_size > 32768 {
+            return bad(format!(
+                "--queue-size {} is not a power of two in 1..=32768",
+                self.queue_size
+            ));
+        }
+        let slots = DriverQueue::slots_for(self.queue_size, self.desc_mode);
+        if self.queue_depth == 0 || self.queue_depth > slots {
+            return bad(format!(
+                "--queue-depth {} must be 1..={slots} with --queue-size {} ({} descriptors per request)",
+                self.queue_depth,
+                self.queue_size,
+                if self.desc_mode == DescMode::Chain {
+                    DESCS_PER_REQUEST
+                } else {
+                    1
+                }
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Descriptors a direct-chain request uses (header, IV, src, dst, status).
@@ -484,6 +520,10 @@ impl CryptoFrontend {
     /// # Errors
     /// Negotiation failures.
     pub fn from_stream(sock: UnixStream, cfg: &FrontendConfig) -> Result<Self, Error> {
+        cfg.validate()?;
+        // A backend that never answers must not hang the tool: bound every
+        // read of the handshake and of session replies.
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
         let raw = sock.try_clone()?;
         let mut fe = Frontend::from_stream(sock, u64::from(cfg.queues));
         let v = |what| move |e| Error::Vhost(what, e);
@@ -498,18 +538,29 @@ impl CryptoFrontend {
         }
         let mut want = VhostUserProtocolFeatures::CRYPTO_SESSION;
         if cfg.queues > 1 {
-            want |= VhostUserProtocolFeatures::MQ & pf;
+            if !pf.contains(VhostUserProtocolFeatures::MQ) {
+                return Err(Error::Missing(
+                    "VHOST_USER_PROTOCOL_F_MQ (needed for --queues > 1)",
+                ));
+            }
+            want |= VhostUserProtocolFeatures::MQ;
         }
         fe.set_protocol_features(want)
             .map_err(v("SET_PROTOCOL_FEATURES"))?;
+        if cfg.queues > 1 {
+            let n = fe.get_queue_num().map_err(v("GET_QUEUE_NUM"))?;
+            if n < u64::from(cfg.queues) {
+                return Err(Error::Options(format!(
+                    "--queues {}: the backend has {n} queues",
+                    cfg.queues
+                )));
+            }
+        }
         fe.set_owner().map_err(v("SET_OWNER"))?;
         let acked = features & (F_PROTOCOL_FEATURES | F_VERSION_1 | F_INDIRECT_DESC | F_EVENT_IDX);
         let event_idx = acked & F_EVENT_IDX != 0;
 
         let nslots = DriverQueue::slots_for(cfg.queue_size, cfg.desc_mode);
-        if nslots == 0 || cfg.queue_depth == 0 || cfg.queue_depth > nslots {
-            return Err(Error::Missing("a queue large enough for the queue depth"));
-        }
         let ssize = slot_size(cfg.max_payload, cfg.max_iv);
         let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nslots) * ssize as u64, RING_AREA_ALIGN);
         let need = (u64::from(cfg.queues) * per_queue + RING_AREA_ALIGN) as usize;

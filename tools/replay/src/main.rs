@@ -141,6 +141,15 @@ fn run_gen(g: GenArgs) -> Result<ExitCode, String> {
         key_bits: g.key_bits,
         seed: g.seed,
     };
+    // Check the options before touching an existing --out file.
+    generate(
+        &GenOptions {
+            count: 0,
+            ..opts.clone()
+        },
+        &mut std::io::sink(),
+    )
+    .map_err(|e| e.to_string())?;
     let file =
         std::fs::File::create(&g.out).map_err(|e| format!("cannot create {}: {e}", g.out.display()))?;
     let mut w = std::io::BufWriter::new(file);
@@ -170,15 +179,6 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
             ));
         }
     }
-    let _daemon;
-    let socket = if a.spawn_daemon {
-        let d = SpawnedDaemon::start(a.daemon_bin.as_deref(), a.queues).map_err(|e| e.to_string())?;
-        let s = d.socket().to_path_buf();
-        _daemon = d;
-        s
-    } else {
-        a.socket.ok_or("--socket or --spawn-daemon is required")?
-    };
     let cfg = FrontendConfig {
         queues: a.queues,
         queue_size: a.queue_size,
@@ -189,6 +189,16 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
         session_abi: abi,
         desc_mode,
         dpdk: a.dpdk,
+    };
+    cfg.validate().map_err(|e| e.to_string())?;
+    let _daemon;
+    let socket = if a.spawn_daemon {
+        let d = SpawnedDaemon::start(a.daemon_bin.as_deref(), a.queues).map_err(|e| e.to_string())?;
+        let s = d.socket().to_path_buf();
+        _daemon = d;
+        s
+    } else {
+        a.socket.ok_or("--socket or --spawn-daemon is required")?
     };
     let mut fe = CryptoFrontend::connect(&socket, &cfg).map_err(|e| e.to_string())?;
     let opts = ReplayOptions {
