@@ -17,7 +17,8 @@
 //!   enables it (a real `SET_VRING_ENABLE` is forwarded as is; after
 //!   `GET_VRING_BASE` stops a ring, it is enabled again once set up again);
 //! * `SET_VRING_NUM` and `SET_VRING_BASE` values no split ring can have end
-//!   the connection (the library would accept or truncate them);
+//!   the connection (the library would accept or truncate them), and so do
+//!   memory regions larger than the file behind them (SIGBUS on access);
 //! * everything else: forwarded unchanged, with its file descriptors.
 //!
 //! Backend-to-frontend bytes (replies) are forwarded unchanged with their
@@ -46,6 +47,10 @@ use crate::wire::Status;
 
 /// `VHOST_USER_SET_FEATURES`.
 pub const VHOST_USER_SET_FEATURES: u32 = 2;
+/// `VHOST_USER_SET_MEM_TABLE`.
+pub const VHOST_USER_SET_MEM_TABLE: u32 = 5;
+/// `VHOST_USER_ADD_MEM_REG`.
+pub const VHOST_USER_ADD_MEM_REG: u32 = 37;
 /// `VHOST_USER_SET_VRING_NUM`.
 pub const VHOST_USER_SET_VRING_NUM: u32 = 8;
 /// `VHOST_USER_SET_VRING_BASE`.
@@ -239,6 +244,9 @@ fn pump_requests(
                         ));
                     }
                 }
+                if request == VHOST_USER_SET_MEM_TABLE || request == VHOST_USER_ADD_MEM_REG {
+                    check_memory_regions(request, &msg.payload, &msg.fds)?;
+                }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
                 }
@@ -259,6 +267,40 @@ fn pump_requests(
                     }
                 }
             }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every region of a SET_MEM_TABLE / ADD_MEM_REG fits in the
+/// file behind its descriptor. A region declared larger than its memfd (or
+/// a file truncated later) would make the first access past the end raise
+/// SIGBUS in the daemon. The payload is `VhostUserMemory` (u32 count, u32
+/// padding, then 32-byte regions: guest address, size, frontend address,
+/// mmap offset), or for ADD_MEM_REG an u64 padding and one region
+/// (vhost-user spec, "Memory regions description").
+fn check_memory_regions(request: u32, payload: &[u8], fds: &[File]) -> io::Result<()> {
+    let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidData, m));
+    let regions = if request == VHOST_USER_SET_MEM_TABLE {
+        payload.get(8..)
+    } else {
+        payload.get(8..40)
+    };
+    let Some(regions) = regions else {
+        return bad("memory table too short".into());
+    };
+    for (i, r) in regions.chunks_exact(32).enumerate() {
+        let word = |o: usize| u64::from_le_bytes(r[o..o + 8].try_into().unwrap_or_default());
+        let (size, offset) = (word(8), word(24));
+        let Some(file) = fds.get(i) else {
+            // The library refuses a region without a descriptor itself.
+            continue;
+        };
+        let file_len = file.metadata()?.len();
+        if offset.checked_add(size).is_none_or(|end| end > file_len) {
+            return bad(format!(
+                "memory region {i}: {size} bytes at offset {offset} do not fit its {file_len}-byte file"
+            ));
         }
     }
     Ok(())
@@ -525,6 +567,30 @@ mod tests {
         let (_, _, reply, _) = read_msg(&r.front).unwrap();
         assert_eq!(reply.len(), 1072);
         assert_eq!(&reply[1064..1072], &(-1i64).to_le_bytes());
+    }
+
+    #[test]
+    fn memory_regions_must_fit_their_files() {
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(1 << 20).unwrap();
+        let table = |size: u64, offset: u64| {
+            let mut p = vec![1, 0, 0, 0, 0, 0, 0, 0];
+            for w in [0u64, size, 0x7f00_0000_0000, offset] {
+                p.extend_from_slice(&w.to_le_bytes());
+            }
+            p
+        };
+        let fds = [f];
+        assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(1 << 20, 0), &fds).is_ok());
+        assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(4096, (1 << 20) - 4096), &fds).is_ok());
+        for (size, offset) in [(2 << 20, 0), (4096, 1 << 20), (u64::MAX, 4096)] {
+            let e = check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(size, offset), &fds).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{size} at {offset}");
+        }
+        // ADD_MEM_REG: u64 padding then one region.
+        let mut add = vec![0u8; 8];
+        add.extend_from_slice(&table(2 << 20, 0)[8..]);
+        assert!(check_memory_regions(VHOST_USER_ADD_MEM_REG, &add, &fds).is_err());
     }
 
     #[test]
