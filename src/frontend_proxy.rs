@@ -29,7 +29,7 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
 use log::{debug, info, warn};
@@ -40,13 +40,17 @@ use crate::request::MAX_QUEUE_SIZE;
 use crate::session_msg::{
     create_reply, decode_close, decode_create, decode_header, encode_header, SessionAbi,
     VHOST_USER_CLOSE_CRYPTO_SESSION, VHOST_USER_CREATE_CRYPTO_SESSION, VHOST_USER_HDR_SIZE,
-    VHOST_USER_MAX_PAYLOAD, VHOST_USER_VERSION,
+    VHOST_USER_MAX_PAYLOAD, VHOST_USER_NEED_REPLY_MASK, VHOST_USER_VERSION,
 };
 use crate::sessions::SessionRegistry;
 use crate::wire::Status;
 
 /// `VHOST_USER_SET_FEATURES`.
 pub const VHOST_USER_SET_FEATURES: u32 = 2;
+/// `VHOST_USER_SET_PROTOCOL_FEATURES`.
+pub const VHOST_USER_SET_PROTOCOL_FEATURES: u32 = 16;
+/// `VHOST_USER_PROTOCOL_F_REPLY_ACK`.
+pub const VHOST_USER_PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
 /// `VHOST_USER_SET_MEM_TABLE`.
 pub const VHOST_USER_SET_MEM_TABLE: u32 = 5;
 /// `VHOST_USER_ADD_MEM_REG`.
@@ -162,19 +166,22 @@ pub fn run(
     let backend_r = backend.try_clone()?;
     let fw = frontend_w.clone();
     let front_shut = frontend.try_clone()?;
+    let owed = Arc::new(Owed::default());
+    let owed_r = owed.clone();
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
-        let mut buf = vec![0u8; VHOST_USER_HDR_SIZE + VHOST_USER_MAX_PAYLOAD];
-        loop {
-            match recv_some(&backend_r, &mut buf) {
-                Ok((0, _)) | Err(_) => break,
-                Ok((n, fds)) => {
-                    let w = fw.lock().unwrap_or_else(|e| e.into_inner());
-                    if send_all(&w, &buf[..n], &fds).is_err() {
-                        break;
-                    }
-                }
+        // Whole messages, so a CREATE reply can never land inside one.
+        while let Ok(Some(msg)) = recv_message(&backend_r) {
+            let mut whole = Vec::with_capacity(VHOST_USER_HDR_SIZE + msg.payload.len());
+            whole.extend_from_slice(&msg.hdr);
+            whole.extend_from_slice(&msg.payload);
+            let w = fw.lock().unwrap_or_else(|e| e.into_inner());
+            if send_all(&w, &whole, &msg.fds).is_err() {
+                break;
             }
+            drop(w);
+            owed_r.paid();
         }
+        owed_r.paid_all();
         // The library ended the connection, or the frontend stopped taking
         // replies: end both sides, so neither the library (blocked writing
         // replies nobody reads) nor the request pump (blocked writing to the
@@ -183,7 +190,15 @@ pub fn run(
         let _ = backend_r.shutdown(Shutdown::Both);
     })?;
 
-    let result = pump_requests(&frontend, &backend, &frontend_w, &mut registry, abi, num_queues);
+    let result = pump_requests(
+        &frontend,
+        &backend,
+        &frontend_w,
+        &owed,
+        &mut registry,
+        abi,
+        num_queues,
+    );
     let _ = backend.shutdown(Shutdown::Both);
     let _ = frontend.shutdown(Shutdown::Both);
     let _ = replies.join();
@@ -191,21 +206,76 @@ pub fn run(
     result
 }
 
+/// Replies the library still owes the frontend for forwarded messages.
+/// A reply made here (CREATE) waits until they are relayed, so replies
+/// reach the frontend in the order of its requests even when it sends
+/// several before reading (QEMU does not, other frontends may).
+#[derive(Default)]
+struct Owed {
+    count: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Owed {
+    fn owe(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    }
+
+    fn paid(&self) {
+        let mut c = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        *c = c.saturating_sub(1);
+        self.changed.notify_all();
+    }
+
+    fn paid_all(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) = 0;
+        self.changed.notify_all();
+    }
+
+    /// Waits until nothing is owed. A library that does not answer a
+    /// message the way this layer expects only delays the reply (by at most
+    /// a second), it cannot block it.
+    fn wait_settled(&self) {
+        let c = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        let (c, timeout) = self
+            .changed
+            .wait_timeout_while(c, std::time::Duration::from_secs(1), |c| *c > 0)
+            .unwrap_or_else(|e| e.into_inner());
+        if timeout.timed_out() {
+            warn!(
+                "{} replies still owed by the backend library; answering CREATE anyway",
+                *c
+            );
+        }
+    }
+}
+
+/// Whether the library answers a forwarded message (rust-vmm vhost 0.18
+/// `backend_req_handler.rs`): GET_* and a few others always do; the rest
+/// only with NEED_REPLY once REPLY_ACK is negotiated.
+fn expects_reply(request: u32, flags: u32, reply_ack: bool) -> bool {
+    const ALWAYS: [u32; 12] = [1, 6, 11, 15, 17, 24, 28, 31, 36, 40, 42, 43];
+    ALWAYS.contains(&request) || (reply_ack && flags & VHOST_USER_NEED_REPLY_MASK != 0)
+}
+
 fn pump_requests(
     frontend: &UnixStream,
     backend: &UnixStream,
     frontend_w: &Mutex<UnixStream>,
+    owed: &Owed,
     registry: &mut SessionRegistry,
     abi: AbiChoice,
     num_queues: usize,
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
+    let mut acked_protocol: u64 = 0;
     let mut rings = vec![RingSetup::default(); num_queues];
     while let Some(msg) = recv_message(frontend)? {
         let (request, flags, _) = decode_header(&msg.hdr);
         match request {
             VHOST_USER_CREATE_CRYPTO_SESSION => {
                 let reply = handle_create(registry, &msg.payload, abi);
+                owed.wait_settled();
                 let w = frontend_w.lock().unwrap_or_else(|e| e.into_inner());
                 send_all(&w, &reply, &[])?;
             }
@@ -249,6 +319,14 @@ fn pump_requests(
                 }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
+                }
+                if request == VHOST_USER_SET_PROTOCOL_FEATURES && msg.payload.len() == 8 {
+                    acked_protocol = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
+                }
+                let reply_ack = acked_features & PROTOCOL_FEATURES_BIT != 0
+                    && acked_protocol & VHOST_USER_PROTOCOL_F_REPLY_ACK != 0;
+                if expects_reply(request, flags, reply_ack) {
+                    owed.owe();
                 }
                 let mut whole = Vec::with_capacity(VHOST_USER_HDR_SIZE + msg.payload.len());
                 whole.extend_from_slice(&msg.hdr);

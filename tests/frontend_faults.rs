@@ -1,0 +1,1862 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Frontend faults against the daemon binary: disconnects at every point of
+//! the handshake and in the middle of a batch, many connect/disconnect
+//! cycles under load (fd, thread, mapping and RSS accounting), malformed
+//! vhost-user messages, guest memory files smaller than announced,
+//! session-message floods and churn, pipelined requests, and a frontend
+//! waiting while another is served.
+//!
+//! Every test spawns its own daemon (`RUST_LOG=warn`, stderr to a log file
+//! that is printed when the test fails), puts a timeout on every blocking
+//! read, and checks after each fault that the daemon process is alive and
+//! that a fresh frontend gets NIST SP 800-38A F.2.1 right.
+//!
+//! Expected values come from the vhost-user and virtio-crypto specifications,
+//! the NIST vectors and OpenSSL, never from the code under test.
+
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::net::Shutdown;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use openssl::symm::{Cipher, Crypter, Mode};
+use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig, Used};
+use vhost_user_crypto::session_msg::{close_request, create_request, SessionAbi, SymSessionInfo};
+use vhost_user_crypto::wire::OpDataReq;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+// ---- vhost-user protocol constants (vhost-user specification) ----
+
+const GET_FEATURES: u32 = 1;
+const SET_FEATURES: u32 = 2;
+const SET_OWNER: u32 = 3;
+const SET_MEM_TABLE: u32 = 5;
+const SET_VRING_NUM: u32 = 8;
+const SET_VRING_ADDR: u32 = 9;
+const SET_VRING_BASE: u32 = 10;
+const GET_VRING_BASE: u32 = 11;
+const SET_VRING_KICK: u32 = 12;
+const SET_VRING_CALL: u32 = 13;
+const GET_PROTOCOL_FEATURES: u32 = 15;
+const SET_PROTOCOL_FEATURES: u32 = 16;
+const SET_VRING_ENABLE: u32 = 18;
+const CREATE_CRYPTO_SESSION: u32 = 26;
+
+/// Header flags: version 1, REPLY, NEED_REPLY.
+const V1: u32 = 0x1;
+const REPLY: u32 = 0x4;
+const NEED_REPLY: u32 = 0x8;
+
+const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const PF_REPLY_ACK: u64 = 0x8;
+const PF_CRYPTO_SESSION: u64 = 0x80;
+
+/// Read timeout on every socket: a daemon bug shows as a failure, not a hang.
+const TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a test may run before its daemon is killed (see `Daemon::with_watchdog`).
+const WATCHDOG: Duration = Duration::from_secs(240);
+
+// ---- virtio-crypto ----
+
+const ENCRYPT: u32 = 0;
+const DECRYPT: u32 = 1;
+const ST_OK: u8 = 0;
+const ST_INVSESS: u8 = 4;
+/// Negative session ids of refused CREATEs: -VIRTIO_CRYPTO_ERR, -VIRTIO_CRYPTO_NOSPC.
+const ID_ERR: i64 = -1;
+const ID_NOSPC: i64 = -5;
+
+// ---- NIST SP 800-38A F.2.1 / F.2.2 (CBC-AES128) ----
+
+const NIST_KEY: &str = "2b7e151628aed2a6abf7158809cf4f3c";
+const NIST_IV: &str = "000102030405060708090a0b0c0d0e0f";
+const NIST_PT: &str = concat!(
+    "6bc1bee22e409f96e93d7e117393172a",
+    "ae2d8a571e03ac9c9eb76fac45af8e51",
+    "30c81c46a35ce411e5fbc1191a0a52ef",
+    "f69f2445df4f9b17ad2b417be66c3710"
+);
+const NIST_CT: &str = concat!(
+    "7649abac8119b246cee98e9b12e9197d",
+    "5086cb9b507219ee95db113a917678b2",
+    "73bed6b8e3c1743b7116e69e22229516",
+    "3ff1caa1681fac09120eca307586e1a7"
+);
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+// ---- the daemon process ----
+
+/// The daemon under test; killed on drop (its log is printed if the test failed).
+struct Daemon {
+    child: Child,
+    _dir: tempfile::TempDir,
+    sock: PathBuf,
+    log: PathBuf,
+    watchdog: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some((stop, t)) = self.watchdog.take() {
+            let _ = stop.send(());
+            let _ = t.join();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- daemon log (tail) ----\n{}", self.log_tail(4000));
+        }
+    }
+}
+
+impl Daemon {
+    fn spawn(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("crypto.sock");
+        let log = dir.path().join("daemon.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
+            .arg("--socket-path")
+            .arg(&sock)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !sock.exists() {
+            assert!(start.elapsed() < Duration::from_secs(10), "daemon did not listen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Daemon {
+            child,
+            _dir: dir,
+            sock,
+            log,
+            watchdog: None,
+        }
+        .with_watchdog(WATCHDOG)
+    }
+
+    /// Kills the daemon if the test is still running after `limit`.
+    ///
+    /// Socket reads here have timeouts, but rust-vmm's `Frontend` (inside
+    /// `CryptoFrontend`) retries a timed-out read forever; killing the
+    /// daemon turns such a hang into a disconnect error, so the test fails
+    /// instead of hanging.
+    fn with_watchdog(mut self, limit: Duration) -> Daemon {
+        let (stop, rx) = mpsc::channel::<()>();
+        let pid = self.pid() as libc::pid_t;
+        let t = std::thread::spawn(move || {
+            if rx.recv_timeout(limit) == Err(mpsc::RecvTimeoutError::Timeout) {
+                eprintln!("watchdog: test still running after {limit:?}; killing the daemon (pid {pid})");
+                // SAFETY: plain kill(2) of our child, which is not reaped
+                // yet (Drop stops this thread before it waits for the child).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+        self.watchdog = Some((stop, t));
+        self
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    #[track_caller]
+    fn assert_alive(&mut self, after: &str) {
+        // A dead daemon's sockets close before its exit status is ready, so
+        // probe it with a GET_FEATURES round trip on a new connection (it
+        // serves one frontend at a time: call this with no other open).
+        let probe = || -> io::Result<()> {
+            let s = UnixStream::connect(&self.sock)?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            (&s).write_all(&Conn::message(GET_FEATURES, V1, &[]))?;
+            let mut reply = [0u8; 20];
+            (&s).read_exact(&mut reply)?;
+            if reply[..4] != GET_FEATURES.to_le_bytes() {
+                return Err(io::Error::other(format!("bad reply {reply:02x?}")));
+            }
+            Ok(())
+        };
+        let probed = probe();
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("daemon died after {after}: {status}");
+            }
+            if probed.is_ok() {
+                return;
+            }
+            if start.elapsed() > Duration::from_secs(2) {
+                panic!("daemon does not answer after {after}: {probed:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn log_tail(&self, bytes: usize) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let cut = s.len().saturating_sub(bytes);
+        let cut = (cut..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
+        s[cut..].to_string()
+    }
+
+    fn log_len(&self) -> u64 {
+        std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn proc_file(&self, name: &str) -> String {
+        std::fs::read_to_string(format!("/proc/{}/{name}", self.pid())).unwrap()
+    }
+
+    /// A `kB` field of /proc/PID/status.
+    fn status_kib(&self, field: &str) -> u64 {
+        let status = self.proc_file("status");
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("no {field} in /proc/PID/status"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .count();
+        let maps = self.proc_file("maps");
+        Snapshot {
+            fds,
+            threads: self.status_kib("Threads:"),
+            rss_kib: self.status_kib("VmRSS:"),
+            memfd_maps: maps.lines().filter(|l| l.contains("/memfd:")).count(),
+        }
+    }
+
+    /// Resource use of the daemon with one idle, freshly accepted
+    /// connection: opening it and waiting for a GET_FEATURES reply proves
+    /// the previous connection was torn down (the daemon serves one
+    /// frontend at a time and sets the next one up only after the last one
+    /// is gone), and every measurement is then taken in the same state.
+    fn idle_snapshot(&self) -> Snapshot {
+        let c = Conn::open(&self.sock);
+        c.get_features();
+        let s = self.snapshot();
+        drop(c);
+        s
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Snapshot {
+    fds: usize,
+    threads: u64,
+    rss_kib: u64,
+    memfd_maps: usize,
+}
+
+// ---- raw vhost-user connection ----
+
+/// What a read on a raw connection gave.
+#[derive(Debug)]
+enum Got {
+    /// A whole message: request, flags, payload.
+    Msg(u32, u32, Vec<u8>),
+    /// The daemon closed the connection (EOF or ECONNRESET).
+    Closed,
+    /// Nothing within [`TIMEOUT`].
+    TimedOut,
+}
+
+struct Conn {
+    s: UnixStream,
+}
+
+impl Conn {
+    fn open(sock: &Path) -> Conn {
+        let s = UnixStream::connect(sock).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(TIMEOUT)).unwrap();
+        Conn { s }
+    }
+
+    fn message(req: u32, flags: u32, payload: &[u8]) -> Vec<u8> {
+        let mut m = Vec::with_capacity(12 + payload.len());
+        m.extend_from_slice(&req.to_le_bytes());
+        m.extend_from_slice(&flags.to_le_bytes());
+        m.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        m.extend_from_slice(payload);
+        m
+    }
+
+    /// Sends `bytes` in one sendmsg carrying `fds`, then the rest if short.
+    fn send_bytes(&self, bytes: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let sent = if fds.is_empty() {
+            0
+        } else {
+            self.s.send_with_fds(&[bytes], fds).map_err(io::Error::from)?
+        };
+        (&self.s).write_all(&bytes[sent..])
+    }
+
+    fn send(&self, req: u32, flags: u32, payload: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        self.send_bytes(&Self::message(req, flags, payload), fds)
+    }
+
+    fn recv(&self) -> Got {
+        let mut hdr = [0u8; 12];
+        let mut got = 0;
+        while got < hdr.len() {
+            match (&self.s).read(&mut hdr[got..]) {
+                Ok(0) if got == 0 => return Got::Closed,
+                Ok(0) => panic!("daemon closed the connection inside a reply header"),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Got::Closed,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    assert_eq!(got, 0, "daemon stalled inside a reply header");
+                    return Got::TimedOut;
+                }
+                Err(e) => panic!("reading a reply: {e}"),
+            }
+        }
+        let word = |i: usize| u32::from_le_bytes(hdr[i..i + 4].try_into().unwrap());
+        let size = word(8) as usize;
+        assert!(size <= 4096, "reply payload of {size} bytes");
+        let mut payload = vec![0u8; size];
+        (&self.s).read_exact(&mut payload).expect("reply payload");
+        Got::Msg(word(0), word(4), payload)
+    }
+
+    /// Receives the reply to `req` (flags REPLY | version 1) and returns its payload.
+    #[track_caller]
+    fn reply(&self, req: u32) -> Vec<u8> {
+        match self.recv() {
+            Got::Msg(r, f, p) => {
+                assert_eq!((r, f), (req, REPLY | V1), "reply header to request {req}");
+                p
+            }
+            other => panic!("request {req}: expected a reply, got {other:?}"),
+        }
+    }
+
+    #[track_caller]
+    fn reply_u64(&self, req: u32) -> u64 {
+        let p = self.reply(req);
+        assert_eq!(p.len(), 8, "reply to {req}: payload size");
+        u64::from_le_bytes(p[..8].try_into().unwrap())
+    }
+
+    #[track_caller]
+    fn get_features(&self) -> u64 {
+        self.send(GET_FEATURES, V1, &[], &[]).unwrap();
+        self.reply_u64(GET_FEATURES)
+    }
+
+    /// QEMU's negotiation plus REPLY_ACK, so a refused message can be
+    /// answered with an error ack: GET_FEATURES, GET_PROTOCOL_FEATURES,
+    /// SET_PROTOCOL_FEATURES(CRYPTO_SESSION | REPLY_ACK), SET_OWNER,
+    /// SET_FEATURES(PROTOCOL_FEATURES) with NEED_REPLY (acked with 0).
+    fn negotiated(sock: &Path) -> Conn {
+        let c = Conn::open(sock);
+        assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0);
+        c.send(GET_PROTOCOL_FEATURES, V1, &[], &[]).unwrap();
+        let pf = c.reply_u64(GET_PROTOCOL_FEATURES);
+        assert_eq!(
+            pf & (PF_CRYPTO_SESSION | PF_REPLY_ACK),
+            PF_CRYPTO_SESSION | PF_REPLY_ACK
+        );
+        c.send(
+            SET_PROTOCOL_FEATURES,
+            V1,
+            &(PF_CRYPTO_SESSION | PF_REPLY_ACK).to_le_bytes(),
+            &[],
+        )
+        .unwrap();
+        c.send(SET_OWNER, V1 | NEED_REPLY, &[], &[]).unwrap();
+        assert_eq!(c.reply_u64(SET_OWNER), 0, "SET_OWNER ack");
+        c.send(
+            SET_FEATURES,
+            V1 | NEED_REPLY,
+            &F_PROTOCOL_FEATURES.to_le_bytes(),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.reply_u64(SET_FEATURES), 0, "SET_FEATURES ack");
+        c
+    }
+}
+
+/// A memfd to share as guest memory (never touched by the test itself).
+fn memfd(size: u64) -> File {
+    // SAFETY: a valid NUL-terminated name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"frontend-faults".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+    // SAFETY: a fresh descriptor we own.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).unwrap();
+    f
+}
+
+/// Frontend virtual address of guest address 0 in the raw tests (the
+/// backend only uses it to translate SET_VRING_ADDR addresses).
+const UADDR: u64 = 0x7f00_0000_0000;
+const MEM_SIZE: u64 = 1 << 20;
+
+/// SET_MEM_TABLE payload: (guest address, size, frontend address, mmap offset) per region.
+fn mem_table(regions: &[(u64, u64, u64, u64)]) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for &(gpa, size, uaddr, off) in regions {
+        for v in [gpa, size, uaddr, off] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    p
+}
+
+fn vring_state(index: u32, num: u32) -> Vec<u8> {
+    let mut p = index.to_le_bytes().to_vec();
+    p.extend_from_slice(&num.to_le_bytes());
+    p
+}
+
+/// SET_VRING_ADDR payload (frontend addresses), no flags, no log.
+fn vring_addr(index: u32, desc: u64, used: u64, avail: u64) -> Vec<u8> {
+    let mut p = index.to_le_bytes().to_vec();
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for v in [desc, used, avail, 0] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+// ---- sessions and requests through the replay tool's frontend ----
+
+fn cfg(abi: SessionAbi, queues: u16, queue_size: u16, depth: u16, max_payload: usize) -> FrontendConfig {
+    FrontendConfig {
+        queues,
+        queue_size,
+        queue_depth: depth,
+        max_payload,
+        max_iv: 16,
+        memory_bytes: 0,
+        session_abi: abi,
+        desc_mode: DescMode::Indirect,
+        dpdk: false,
+    }
+}
+
+/// A `CryptoFrontend` whose socket has read and write timeouts.
+fn frontend(sock: &Path, cfg: &FrontendConfig) -> CryptoFrontend {
+    let s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(TIMEOUT)).unwrap();
+    CryptoFrontend::from_stream(s, cfg).unwrap()
+}
+
+fn session(key: &[u8], direction: u8) -> SymSessionInfo {
+    let mut i = SymSessionInfo {
+        op_code: 2, // VIRTIO_CRYPTO_CIPHER_CREATE_SESSION (layouts A and C carry it)
+        cipher_alg: 3,
+        key_len: key.len() as u32,
+        op_type: 1,
+        direction,
+        ..Default::default()
+    };
+    i.cipher_key[..key.len()].copy_from_slice(key);
+    i
+}
+
+/// One request on queue `q`: writes header, IV, src, a 0xEE-filled dst
+/// and a 0xFF status byte into a free slot and makes it available (no kick).
+fn put_request(fe: &mut CryptoFrontend, q: usize, opcode: u32, sid: u64, iv: &[u8], src: &[u8]) -> u16 {
+    let q = &mut fe.queues[q];
+    let slot = q.next_slot().expect("a free slot");
+    let l = q.layout(slot);
+    let hdr = OpDataReq {
+        opcode,
+        algo: 0,
+        session_id: sid,
+        op_type: 1,
+        iv_len: iv.len() as u32,
+        src_data_len: src.len() as u32,
+        dst_data_len: src.len() as u32,
+    };
+    q.mem().write(l.hdr, &hdr.to_bytes());
+    q.mem().write(l.iv, iv);
+    q.mem().write(l.src, src);
+    q.mem().fill(l.dst, src.len(), 0xEE);
+    q.mem().write(l.status, &[0xFF]);
+    q.submit(slot, iv.len() as u32, src.len() as u32);
+    slot
+}
+
+/// Status byte, used length and dst of a completed request.
+fn result(fe: &CryptoFrontend, q: usize, u: Used, len: usize) -> (u8, u32, Vec<u8>) {
+    let q = &fe.queues[q];
+    let l = q.layout(u.slot);
+    let mut dst = vec![0; len];
+    q.mem().read(l.dst, &mut dst);
+    (q.mem().read_u8(l.status), u.len, dst)
+}
+
+/// Runs one request on queue 0 and returns (status, used length, dst).
+fn run_one(fe: &mut CryptoFrontend, opcode: u32, sid: u64, src: &[u8]) -> (u8, u32, Vec<u8>) {
+    let slot = put_request(fe, 0, opcode, sid, &hex(NIST_IV), src);
+    fe.queues[0].publish_and_kick().unwrap();
+    let mut done = Vec::new();
+    fe.queues[0].reap(&mut done, TIMEOUT).unwrap();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].slot, slot);
+    result(fe, 0, done[0], src.len())
+}
+
+/// A fresh frontend gets F.2.1 (and F.2.2) right: status OK, used length 65.
+#[track_caller]
+fn assert_nist(sock: &Path, after: &str) {
+    let mut fe = frontend(sock, &cfg(SessionAbi::C, 1, 64, 8, 64));
+    let e = fe.create_session(&session(&hex(NIST_KEY), 1)).unwrap();
+    let d = fe.create_session(&session(&hex(NIST_KEY), 2)).unwrap();
+    assert_eq!((e, d), (1, 2), "session ids on a fresh connection after {after}");
+    let (st, len, dst) = run_one(&mut fe, ENCRYPT, e as u64, &hex(NIST_PT));
+    assert_eq!(
+        (st, len),
+        (ST_OK, 65),
+        "F.2.1 status and used length after {after}"
+    );
+    assert_eq!(dst, hex(NIST_CT), "F.2.1 ciphertext after {after}");
+    let (st, len, dst) = run_one(&mut fe, DECRYPT, d as u64, &hex(NIST_CT));
+    assert_eq!((st, len, dst), (ST_OK, 65, hex(NIST_PT)), "F.2.2 after {after}");
+}
+
+/// AES-CBC without padding through OpenSSL (the independent oracle).
+fn oracle(encrypt: bool, key: &[u8], iv: &[u8], data: &[u8]) -> Vec<u8> {
+    let cipher = match key.len() {
+        16 => Cipher::aes_128_cbc(),
+        24 => Cipher::aes_192_cbc(),
+        32 => Cipher::aes_256_cbc(),
+        n => panic!("key of {n} bytes"),
+    };
+    let mode = if encrypt { Mode::Encrypt } else { Mode::Decrypt };
+    let mut c = Crypter::new(cipher, mode, key, Some(iv)).unwrap();
+    c.pad(false);
+    let mut out = vec![0u8; data.len() + 16];
+    let mut n = c.update(data, &mut out).unwrap();
+    n += c.finalize(&mut out[n..]).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// splitmix64: deterministic test data without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// One verified request: session, direction, key, IV, source.
+struct Job {
+    sid: u64,
+    encrypt: bool,
+    key: Vec<u8>,
+    iv: Vec<u8>,
+    src: Vec<u8>,
+}
+
+/// Runs `jobs` on queue `q` with up to `depth` in flight and checks every
+/// completion against OpenSSL (status OK, used length len + 1, dst bytes).
+/// With `abandon_at = Some(n)`, stops after submitting `n` jobs, kicks,
+/// and returns with them in flight (the caller then disconnects).
+fn run_jobs(
+    fe: &mut CryptoFrontend,
+    q: usize,
+    jobs: &[Job],
+    depth: usize,
+    abandon_at: Option<usize>,
+) -> usize {
+    let mut inflight: Vec<Option<usize>> = vec![None; usize::from(fe.queues[q].size)];
+    let mut next = 0;
+    let mut verified = 0;
+    let mut done = Vec::new();
+    let stop = abandon_at.unwrap_or(jobs.len()).min(jobs.len());
+    while verified < stop || (abandon_at.is_none() && verified < jobs.len()) {
+        while next < stop
+            && usize::from(fe.queues[q].in_flight()) < depth
+            && fe.queues[q].next_slot().is_some()
+        {
+            let j = &jobs[next];
+            let op = if j.encrypt { ENCRYPT } else { DECRYPT };
+            let slot = put_request(fe, q, op, j.sid, &j.iv, &j.src);
+            inflight[usize::from(slot)] = Some(next);
+            next += 1;
+        }
+        fe.queues[q].publish_and_kick().unwrap();
+        if abandon_at.is_some() && next == stop {
+            return verified;
+        }
+        done.clear();
+        fe.queues[q].reap(&mut done, TIMEOUT).unwrap();
+        for &u in &done {
+            let i = inflight[usize::from(u.slot)]
+                .take()
+                .expect("completion of a slot in flight");
+            let j = &jobs[i];
+            let (st, len, dst) = result(fe, q, u, j.src.len());
+            assert_eq!(
+                (st, len),
+                (ST_OK, j.src.len() as u32 + 1),
+                "job {i} status, used length"
+            );
+            assert!(
+                dst == oracle(j.encrypt, &j.key, &j.iv, &j.src),
+                "job {i}: wrong output"
+            );
+            verified += 1;
+        }
+    }
+    verified
+}
+
+// ---- 1. disconnect at every point of the handshake ----
+
+/// A message of the QEMU-like handshake.
+struct Msg {
+    name: &'static str,
+    req: u32,
+    payload: Vec<u8>,
+    fds: Vec<RawFd>,
+    /// Whether the protocol has a reply (without REPLY_ACK negotiated).
+    reply: bool,
+}
+
+/// Memory and eventfds the handshake hands over.
+struct HandshakeRes {
+    mem: File,
+    kick: EventFd,
+    call: EventFd,
+}
+
+impl HandshakeRes {
+    fn new() -> Self {
+        HandshakeRes {
+            mem: memfd(MEM_SIZE),
+            kick: EventFd::new(EFD_NONBLOCK).unwrap(),
+            call: EventFd::new(EFD_NONBLOCK).unwrap(),
+        }
+    }
+
+    /// What QEMU sends for `cryptodev-vhost-user` with one data queue,
+    /// then a CREATE (layout C); the ring lives in the first 64 KiB.
+    fn messages(&self) -> Vec<Msg> {
+        let m = |name, req, payload: Vec<u8>, fds: Vec<RawFd>, reply| Msg {
+            name,
+            req,
+            payload,
+            fds,
+            reply,
+        };
+        let (desc, avail, used) = (0x1000u64, 0x2000u64, 0x3000u64);
+        let create = create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1));
+        vec![
+            m("GET_FEATURES", GET_FEATURES, vec![], vec![], true),
+            m(
+                "GET_PROTOCOL_FEATURES",
+                GET_PROTOCOL_FEATURES,
+                vec![],
+                vec![],
+                true,
+            ),
+            m(
+                "SET_PROTOCOL_FEATURES",
+                SET_PROTOCOL_FEATURES,
+                PF_CRYPTO_SESSION.to_le_bytes().to_vec(),
+                vec![],
+                false,
+            ),
+            m("SET_OWNER", SET_OWNER, vec![], vec![], false),
+            m(
+                "SET_FEATURES",
+                SET_FEATURES,
+                F_PROTOCOL_FEATURES.to_le_bytes().to_vec(),
+                vec![],
+                false,
+            ),
+            m(
+                "SET_MEM_TABLE",
+                SET_MEM_TABLE,
+                mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+                vec![self.mem.as_raw_fd()],
+                false,
+            ),
+            m("SET_VRING_NUM", SET_VRING_NUM, vring_state(0, 256), vec![], false),
+            m("SET_VRING_BASE", SET_VRING_BASE, vring_state(0, 0), vec![], false),
+            m(
+                "SET_VRING_ADDR",
+                SET_VRING_ADDR,
+                vring_addr(0, UADDR + desc, UADDR + used, UADDR + avail),
+                vec![],
+                false,
+            ),
+            m(
+                "SET_VRING_KICK",
+                SET_VRING_KICK,
+                0u64.to_le_bytes().to_vec(),
+                vec![self.kick.as_raw_fd()],
+                false,
+            ),
+            m(
+                "SET_VRING_CALL",
+                SET_VRING_CALL,
+                0u64.to_le_bytes().to_vec(),
+                vec![self.call.as_raw_fd()],
+                false,
+            ),
+            m(
+                "CREATE_CRYPTO_SESSION",
+                CREATE_CRYPTO_SESSION,
+                create[12..].to_vec(),
+                vec![],
+                true,
+            ),
+        ]
+    }
+}
+
+/// Checks the reply to handshake message `m`.
+#[track_caller]
+fn check_handshake_reply(c: &Conn, m: &Msg) {
+    let p = c.reply(m.req);
+    match m.req {
+        GET_FEATURES => {
+            let f = u64::from_le_bytes(p[..8].try_into().unwrap());
+            assert_ne!(f & F_PROTOCOL_FEATURES, 0, "features {f:#x}");
+        }
+        GET_PROTOCOL_FEATURES => {
+            let f = u64::from_le_bytes(p[..8].try_into().unwrap());
+            assert_ne!(f & PF_CRYPTO_SESSION, 0, "protocol features {f:#x}");
+        }
+        CREATE_CRYPTO_SESSION => {
+            assert_eq!(p.len(), 1072, "CREATE reply size (layout C)");
+            let id = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
+            assert_eq!(id, 1, "first session id of a connection");
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// How a connection ends after the first k messages.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// Right after message k-1 (and its reply).
+    Clean,
+    /// After 6 bytes of message k's header.
+    HalfHeader,
+    /// After message k's header (with its fds), without its payload.
+    HeaderOnly,
+    /// After message k's header and half its payload.
+    HalfPayload,
+    /// After all of message k, without reading its reply.
+    ReplyUnread,
+}
+
+#[test]
+fn disconnect_at_every_point_of_the_handshake() {
+    let mut daemon = Daemon::spawn(&[]);
+    let n = HandshakeRes::new().messages().len();
+    let mut cases = 0;
+    for k in 0..=n {
+        for cut in [
+            Cut::Clean,
+            Cut::HalfHeader,
+            Cut::HeaderOnly,
+            Cut::HalfPayload,
+            Cut::ReplyUnread,
+        ] {
+            let res = HandshakeRes::new();
+            let msgs = res.messages();
+            let next = msgs.get(k);
+            match (cut, next) {
+                (Cut::Clean, _) => {}
+                (_, None) => continue,
+                (Cut::HeaderOnly | Cut::HalfPayload, Some(m)) if m.payload.is_empty() => continue,
+                (Cut::ReplyUnread, Some(m)) if !m.reply => continue,
+                _ => {}
+            }
+            let c = Conn::open(&daemon.sock);
+            for m in &msgs[..k] {
+                c.send(m.req, V1, &m.payload, &m.fds).unwrap();
+                if m.reply {
+                    check_handshake_reply(&c, m);
+                }
+            }
+            if let Some(m) = next {
+                let whole = Conn::message(m.req, V1, &m.payload);
+                match cut {
+                    Cut::Clean => {}
+                    Cut::HalfHeader => c.send_bytes(&whole[..6], &[]).unwrap(),
+                    Cut::HeaderOnly => c.send_bytes(&whole[..12], &m.fds).unwrap(),
+                    Cut::HalfPayload => c.send_bytes(&whole[..12 + m.payload.len() / 2], &m.fds).unwrap(),
+                    Cut::ReplyUnread => c.send_bytes(&whole, &m.fds).unwrap(),
+                }
+            }
+            let what = format!(
+                "{k} messages then {cut:?} (next: {})",
+                next.map_or("none", |m| m.name)
+            );
+            drop(c);
+            drop(res);
+            daemon.assert_alive(&what);
+            assert_nist(&daemon.sock, &what);
+            cases += 1;
+        }
+    }
+    // 13 clean cuts, 12 half headers, 9 headers without payload, 9 half
+    // payloads, 3 replies unread (GET_FEATURES, GET_PROTOCOL_FEATURES, CREATE).
+    assert_eq!(cases, 46);
+    daemon.assert_alive("the handshake cuts");
+}
+
+// ---- 2. disconnect in the middle of a batch ----
+
+fn jobs_4k(rng: &mut Rng, count: usize, sid: u64, key: &[u8]) -> Vec<Job> {
+    (0..count)
+        .map(|_| Job {
+            sid,
+            encrypt: true,
+            key: key.to_vec(),
+            iv: rng.bytes(16),
+            src: rng.bytes(4096),
+        })
+        .collect()
+}
+
+#[test]
+fn disconnect_in_the_middle_of_a_batch() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mut rng = Rng(7);
+    let key = rng.bytes(32);
+    let base = daemon.idle_snapshot();
+    for (round, reaped_first) in [0usize, 100, 255, 0, 400].into_iter().enumerate() {
+        let mut fe = frontend(&daemon.sock, &cfg(SessionAbi::C, 1, 256, 256, 4096));
+        let sid = fe.create_session(&session(&key, 1)).unwrap();
+        assert_eq!(sid, 1);
+        let jobs = jobs_4k(&mut rng, 512, sid as u64, &key);
+        // Verify `reaped_first` completions, keep the queue full up to 512
+        // submitted, then drop the frontend with the rest in flight.
+        if reaped_first > 0 {
+            let v = run_jobs(&mut fe, 0, &jobs[..reaped_first], 256, None);
+            assert_eq!(v, reaped_first);
+        }
+        let rest = &jobs[reaped_first..];
+        run_jobs(&mut fe, 0, rest, 256, Some(rest.len().min(256)));
+        assert!(
+            fe.queues[0].in_flight() > 0,
+            "round {round}: nothing left in flight"
+        );
+        drop(fe);
+        let what = format!("round {round}: disconnect with requests in flight");
+        daemon.assert_alive(&what);
+        assert_nist(&daemon.sock, &what);
+    }
+    // QEMU's way out: GET_VRING_BASE (stop the ring) with 256 requests in
+    // flight, then disconnect. Once the reply is back the backend has
+    // stopped: every request before the returned base is completed, none
+    // after it is, and the ring is not touched any more.
+    for round in 0..5 {
+        let mut fe = frontend(&daemon.sock, &cfg(SessionAbi::C, 1, 256, 256, 4096));
+        let sid = fe.create_session(&session(&key, 1)).unwrap();
+        let jobs = jobs_4k(&mut rng, 256, sid as u64, &key);
+        run_jobs(&mut fe, 0, &jobs, 256, Some(256));
+        std::thread::sleep(Duration::from_micros(200 * round));
+        let base = fe.get_vring_base(0).unwrap();
+        assert!(base <= 256, "round {round}: base {base}");
+        let mut done = Vec::new();
+        while done.len() < base as usize {
+            fe.queues[0].reap(&mut done, TIMEOUT).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        if fe.queues[0].in_flight() > 0 {
+            let mut late = Vec::new();
+            let r = fe.queues[0].reap(&mut late, Duration::from_millis(1));
+            assert!(
+                r.is_err() && late.is_empty(),
+                "round {round}: {} completions after the stop",
+                late.len()
+            );
+        }
+        assert_eq!(
+            done.len(),
+            base as usize,
+            "round {round}: completions vs base {base}"
+        );
+        for u in &done {
+            let j = &jobs[usize::from(u.slot)];
+            let (st, len, dst) = result(&fe, 0, *u, 4096);
+            assert_eq!((st, len), (ST_OK, 4097), "round {round} slot {}", u.slot);
+            assert!(
+                dst == oracle(true, &j.key, &j.iv, &j.src),
+                "round {round} slot {}",
+                u.slot
+            );
+        }
+        eprintln!("GET_VRING_BASE round {round}: base {base} of 256");
+        drop(fe);
+        let what = format!("round {round}: GET_VRING_BASE then disconnect");
+        daemon.assert_alive(&what);
+        assert_nist(&daemon.sock, &what);
+    }
+    // Nothing of the dropped connections is left behind.
+    let after = daemon.idle_snapshot();
+    eprintln!("mid-batch disconnects: {base:?} before, {after:?} after");
+    assert!(
+        after.fds <= base.fds + 2,
+        "fds: {} before, {} after",
+        base.fds,
+        after.fds
+    );
+    assert_eq!(
+        (after.threads, after.memfd_maps),
+        (base.threads, 0),
+        "threads, guest mappings"
+    );
+    // Four queues, all full, dropped at once.
+    drop(daemon);
+    let mut daemon = Daemon::spawn(&["--queues", "4"]);
+    let mut fe = frontend(&daemon.sock, &cfg(SessionAbi::B, 4, 256, 256, 4096));
+    let sid = fe.create_session(&session(&key, 1)).unwrap();
+    for q in 0..4 {
+        let jobs = jobs_4k(&mut rng, 256, sid as u64, &key);
+        run_jobs(&mut fe, q, &jobs, 256, Some(256));
+    }
+    drop(fe);
+    daemon.assert_alive("four full queues dropped");
+    assert_nist(&daemon.sock, "four full queues dropped");
+}
+
+// ---- 3. connect/disconnect cycles under load ----
+
+#[test]
+fn hundred_connect_disconnect_cycles_under_load() {
+    let mut daemon = Daemon::spawn(&["--max-sessions", "16"]);
+    let mut rng = Rng(42);
+    let keys = [rng.bytes(16), rng.bytes(24), rng.bytes(32)];
+    let mut first: Option<Snapshot> = None;
+    let mut total = 0;
+    for cycle in 0..100 {
+        let mut fe = frontend(&daemon.sock, &cfg(SessionAbi::C, 1, 256, 64, 256));
+        if cycle > 0 {
+            // The previous connection's sessions 1..=6 are gone: INVSESS, used length 1.
+            for sid in [1u64, 6] {
+                let (st, len, dst) = run_one(&mut fe, ENCRYPT, sid, &hex(NIST_PT));
+                assert_eq!((st, len), (ST_INVSESS, 1), "cycle {cycle}: old session {sid}");
+                assert_eq!(dst, vec![0xEE; 64], "cycle {cycle}: INVSESS wrote dst");
+            }
+        }
+        // Ids restart at 1 on every connection.
+        let mut sids = Vec::new();
+        for key in &keys {
+            for dir in [1u8, 2] {
+                sids.push((
+                    fe.create_session(&session(key, dir)).unwrap(),
+                    key.clone(),
+                    dir == 1,
+                ));
+            }
+        }
+        let ids: Vec<i64> = sids.iter().map(|s| s.0).collect();
+        assert_eq!(ids, [1, 2, 3, 4, 5, 6], "cycle {cycle}: session ids");
+        let jobs: Vec<Job> = (0..300)
+            .map(|i| {
+                let (sid, key, encrypt) = &sids[i % sids.len()];
+                let len = 16 * (1 + (rng.next() % 16) as usize);
+                Job {
+                    sid: *sid as u64,
+                    encrypt: *encrypt,
+                    key: key.clone(),
+                    iv: rng.bytes(16),
+                    src: rng.bytes(len),
+                }
+            })
+            .collect();
+        if cycle % 3 == 2 {
+            // Disconnect mid-batch: 200 verified, 64 more left in flight.
+            total += run_jobs(&mut fe, 0, &jobs[..200], 64, None);
+            run_jobs(&mut fe, 0, &jobs[200..], 64, Some(64));
+        } else {
+            total += run_jobs(&mut fe, 0, &jobs, 64, None);
+            if cycle % 2 == 0 {
+                for &(sid, _, _) in &sids[..3] {
+                    fe.close_session(sid as u64).unwrap();
+                }
+                let (st, len, _) = run_one(&mut fe, ENCRYPT, 1, &hex(NIST_PT));
+                assert_eq!((st, len), (ST_INVSESS, 1), "cycle {cycle}: closed session 1");
+            }
+        }
+        if cycle == 0 {
+            // The mapping check below can see guest memory: here it is mapped.
+            assert!(
+                daemon.snapshot().memfd_maps >= 1,
+                "guest memory not seen in /proc/PID/maps"
+            );
+        }
+        drop(fe);
+        daemon.assert_alive(&format!("cycle {cycle}"));
+        if cycle == 0 {
+            first = Some(daemon.idle_snapshot());
+        }
+    }
+    let first = first.unwrap();
+    let last = daemon.idle_snapshot();
+    eprintln!("cycles: {total} requests verified; after cycle 1: {first:?}; after cycle 100: {last:?}");
+    // Both snapshots are taken in the same state (one idle, freshly
+    // accepted connection, the previous one torn down), and after cycle 1
+    // everything opened once per process exists already, so the expected
+    // difference is 0 (measured: 0). The slack of 2 only tolerates a
+    // descriptor some library opens lazily on a rare path; a per-cycle
+    // leak (the kick and call eventfds were leaking before ff2f6a9) is
+    // 99 × k and far past it.
+    assert!(
+        last.fds <= first.fds + 2,
+        "fd leak: {} after cycle 1, {} after cycle 100",
+        first.fds,
+        last.fds
+    );
+    assert_eq!(last.threads, first.threads, "thread count");
+    assert_eq!(
+        last.memfd_maps, 0,
+        "guest memory of closed connections still mapped"
+    );
+    // RSS: measured +12..+30 KiB over 99 cycles (glibc reuses the arenas
+    // of the per-connection threads). 4 MiB is about 40 KiB per cycle:
+    // far above that noise, far below a leak of anything per connection
+    // (its 2 MiB guest memory, threads' stacks, 6 sessions' key schedules
+    // in 3 tables, 300 requests' buffers); leaked mappings are also
+    // checked directly above.
+    assert!(
+        last.rss_kib <= first.rss_kib + 4096,
+        "RSS grew from {} KiB to {} KiB",
+        first.rss_kib,
+        last.rss_kib
+    );
+    assert_nist(&daemon.sock, "100 cycles");
+    daemon.assert_alive("100 cycles");
+}
+
+// ---- 4. malformed vhost-user messages ----
+
+/// Reads what the daemon does with a bad request `req` sent with
+/// NEED_REPLY: an error ack (non-zero u64) and/or a disconnect are fine; a
+/// success ack, any other message, or neither within the timeout fail.
+#[track_caller]
+fn expect_refused(c: &Conn, req: u32, what: &str) -> &'static str {
+    match c.recv() {
+        Got::Closed => "disconnect",
+        Got::TimedOut => panic!("{what}: neither a reply nor a disconnect"),
+        Got::Msg(r, f, p) => {
+            assert_eq!((r, f, p.len()), (req, REPLY | V1, 8), "{what}: reply header");
+            let v = u64::from_le_bytes(p[..8].try_into().unwrap());
+            assert_ne!(v, 0, "{what}: accepted");
+            match c.recv() {
+                Got::Closed => "error ack, then disconnect",
+                Got::TimedOut => {
+                    // Still connected: it must still work.
+                    assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0, "{what}");
+                    "error ack"
+                }
+                Got::Msg(r, ..) => panic!("{what}: unexpected message {r} after the error ack"),
+            }
+        }
+    }
+}
+
+#[test]
+fn malformed_messages_never_crash_the_daemon() {
+    let mut daemon = Daemon::spawn(&[]);
+    let base = daemon.idle_snapshot();
+    let mem = memfd(MEM_SIZE);
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    let efd = ev.as_raw_fd();
+    let mut outcomes = Vec::new();
+    // Closes the bad connection first: the daemon serves one frontend at a
+    // time, so the next one is only served once this one is gone.
+    let mut check = |daemon: &mut Daemon, c: Conn, what: &str, outcome: &'static str| {
+        drop(c);
+        daemon.assert_alive(what);
+        assert_nist(&daemon.sock, what);
+        outcomes.push(format!("{what}: {outcome}"));
+    };
+
+    // Payload size field over 4096, the payload not sent.
+    for size in [4097u32, 0x10000, u32::MAX] {
+        let c = Conn::negotiated(&daemon.sock);
+        let mut h = Conn::message(SET_OWNER, V1 | NEED_REPLY, &[]);
+        h[8..12].copy_from_slice(&size.to_le_bytes());
+        c.send_bytes(&h, &[]).unwrap();
+        let o = expect_refused(&c, SET_OWNER, "size field > 4096");
+        assert_eq!(o, "disconnect", "size {size}");
+        check(&mut daemon, c, &format!("size field {size}"), o);
+    }
+    // Size field larger than what is sent, then the frontend half-closes.
+    for (req, size, sent) in [(SET_FEATURES, 8u32, 3usize), (CREATE_CRYPTO_SESSION, 1072, 500)] {
+        let c = Conn::negotiated(&daemon.sock);
+        let mut m = Conn::message(req, V1, &vec![0u8; sent]);
+        m[8..12].copy_from_slice(&size.to_le_bytes());
+        c.send_bytes(&m, &[]).unwrap();
+        c.s.shutdown(Shutdown::Write).unwrap();
+        let o = expect_refused(&c, req, "short payload");
+        check(
+            &mut daemon,
+            c,
+            &format!("request {req}: {sent} of {size} payload bytes, then close"),
+            o,
+        );
+    }
+    // Unknown request codes, with and without payload.
+    for (req, payload) in [
+        (0u32, vec![]),
+        (99, vec![]),
+        (0xFFFF, vec![]),
+        (99, vec![0u8; 8]),
+        (u32::MAX, vec![0u8; 40]),
+    ] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(req, V1 | NEED_REPLY, &payload, &[]).unwrap();
+        let o = expect_refused(&c, req, "unknown request");
+        check(
+            &mut daemon,
+            c,
+            &format!("unknown request {req:#x} ({} bytes)", payload.len()),
+            o,
+        );
+    }
+    // Bad header flags: version 0 and 2, reserved bits.
+    for flags in [0u32, 2, 0x100 | V1] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(GET_FEATURES, flags, &[], &[]).unwrap();
+        let o = match c.recv() {
+            Got::Closed => "disconnect",
+            other => panic!("GET_FEATURES with flags {flags:#x}: {other:?}"),
+        };
+        check(&mut daemon, c, &format!("header flags {flags:#x}"), o);
+    }
+    // Ring values h16 (tests/socket_smoke.rs) does not cover: sizes past
+    // 16 bits that truncate to a valid size (0x10100 -> 256), 2^31 and
+    // 32768 * 2; a base past 16 bits; SET_VRING_ENABLE with 2 and for ring 5.
+    for (req, payload) in [
+        (SET_VRING_NUM, vring_state(0, 0x1_0100)),
+        (SET_VRING_NUM, vring_state(0, 1 << 31)),
+        (SET_VRING_NUM, vring_state(0, 65536)),
+        (SET_VRING_BASE, vring_state(0, 0x1_0000)),
+        (SET_VRING_BASE, vring_state(0, u32::MAX)),
+        (SET_VRING_ENABLE, vring_state(0, 2)),
+        (SET_VRING_ENABLE, vring_state(5, 1)),
+    ] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(req, V1 | NEED_REPLY, &payload, &[]).unwrap();
+        let o = expect_refused(&c, req, "bad ring value");
+        let v = u32::from_le_bytes(payload[4..8].try_into().unwrap());
+        let i = u32::from_le_bytes(payload[..4].try_into().unwrap());
+        check(
+            &mut daemon,
+            c,
+            &format!("request {req} for ring {i} with {v:#x}"),
+            o,
+        );
+    }
+    // Ring index 5 on a one-queue daemon (with memory set up).
+    for (req, payload, fds) in [
+        (SET_VRING_NUM, vring_state(5, 256), vec![]),
+        (SET_VRING_BASE, vring_state(5, 0), vec![]),
+        (
+            SET_VRING_ADDR,
+            vring_addr(5, UADDR + 0x1000, UADDR + 0x3000, UADDR + 0x2000),
+            vec![],
+        ),
+        (SET_VRING_KICK, 5u64.to_le_bytes().to_vec(), vec![efd]),
+        (SET_VRING_CALL, 5u64.to_le_bytes().to_vec(), vec![efd]),
+        (SET_VRING_KICK, 0x105u64.to_le_bytes().to_vec(), vec![]),
+        (GET_VRING_BASE, vring_state(5, 0), vec![]),
+    ] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(
+            SET_MEM_TABLE,
+            V1 | NEED_REPLY,
+            &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+            &[mem.as_raw_fd()],
+        )
+        .unwrap();
+        assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE ack");
+        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
+        let o = expect_refused(&c, req, "ring 5");
+        check(&mut daemon, c, &format!("request {req} for ring 5"), o);
+    }
+    // SET_MEM_TABLE: 0 regions; a region without its fd; one region with
+    // two fds; a region of size 0; 33 regions.
+    let many: Vec<(u64, u64, u64, u64)> = (0..33)
+        .map(|i| (i << 20, 1 << 20, UADDR + (i << 20), 0))
+        .collect();
+    for (name, payload, fds) in [
+        ("0 regions", mem_table(&[]), vec![]),
+        ("0 regions with an fd", mem_table(&[]), vec![mem.as_raw_fd()]),
+        (
+            "a region without fd",
+            mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+            vec![],
+        ),
+        (
+            "a region with two fds",
+            mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+            vec![mem.as_raw_fd(), efd],
+        ),
+        (
+            "a region of size 0",
+            mem_table(&[(0, 0, UADDR, 0)]),
+            vec![mem.as_raw_fd()],
+        ),
+        ("33 regions", mem_table(&many), vec![mem.as_raw_fd()]),
+        (
+            "num_regions 2, one region",
+            {
+                let mut p = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
+                p[0] = 2;
+                p
+            },
+            vec![mem.as_raw_fd()],
+        ),
+    ] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &payload, &fds).unwrap();
+        let o = expect_refused(&c, SET_MEM_TABLE, name);
+        check(&mut daemon, c, &format!("SET_MEM_TABLE with {name}"), o);
+    }
+    // SET_FEATURES with bits the backend did not offer.
+    for bits in [1u64 << 0, 1 << 63, 1 << 31, u64::MAX] {
+        let c = Conn::negotiated(&daemon.sock);
+        let offered = c.get_features();
+        assert_eq!(
+            offered & bits & (1 << 0 | 1 << 63 | 1 << 31),
+            0,
+            "offered {offered:#x}"
+        );
+        c.send(
+            SET_FEATURES,
+            V1 | NEED_REPLY,
+            &(F_PROTOCOL_FEATURES | bits).to_le_bytes(),
+            &[],
+        )
+        .unwrap();
+        let o = expect_refused(&c, SET_FEATURES, "unoffered features");
+        check(&mut daemon, c, &format!("SET_FEATURES with {bits:#x}"), o);
+    }
+    // Messages with fds they must not carry.
+    for req in [GET_FEATURES, SET_OWNER] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(req, V1 | NEED_REPLY, &[], &[efd]).unwrap();
+        let o = expect_refused(&c, req, "stray fd");
+        check(&mut daemon, c, &format!("request {req} with an fd"), o);
+    }
+    // Out of order: SET_VRING_ADDR before SET_MEM_TABLE (nothing to
+    // translate the addresses with): refused.
+    {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(SET_VRING_NUM, V1 | NEED_REPLY, &vring_state(0, 256), &[])
+            .unwrap();
+        assert_eq!(c.reply_u64(SET_VRING_NUM), 0);
+        let p = vring_addr(0, UADDR + 0x1000, UADDR + 0x3000, UADDR + 0x2000);
+        c.send(SET_VRING_ADDR, V1 | NEED_REPLY, &p, &[]).unwrap();
+        let o = expect_refused(&c, SET_VRING_ADDR, "SET_VRING_ADDR before SET_MEM_TABLE");
+        check(&mut daemon, c, "SET_VRING_ADDR before SET_MEM_TABLE", o);
+    }
+    // Out of order, but not invalid: the daemon may accept them; it must
+    // stay consistent. Each then kicks the ring and checks the connection
+    // still answers.
+    let accepted = |c: &Conn, req: u32, payload: &[u8], fds: &[RawFd]| -> &'static str {
+        c.send(req, V1 | NEED_REPLY, payload, fds).unwrap();
+        match c.recv() {
+            Got::Msg(r, f, p) if (r, f) == (req, REPLY | V1) && p == [0u8; 8] => "accepted",
+            Got::Msg(r, f, p) if (r, f) == (req, REPLY | V1) && p.len() == 8 => "error ack",
+            Got::Closed => "disconnect",
+            other => panic!("request {req}: {other:?}"),
+        }
+    };
+    {
+        // SET_VRING_KICK before SET_MEM_TABLE, then a kick.
+        let c = Conn::negotiated(&daemon.sock);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let o = accepted(&c, SET_VRING_KICK, &0u64.to_le_bytes(), &[kick.as_raw_fd()]);
+        if o == "accepted" {
+            kick.write(1).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0);
+        }
+        check(
+            &mut daemon,
+            c,
+            "SET_VRING_KICK before SET_MEM_TABLE, then a kick",
+            o,
+        );
+    }
+    {
+        // SET_VRING_ADDR before SET_VRING_NUM (memory set up), then KICK and a kick.
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(
+            SET_MEM_TABLE,
+            V1 | NEED_REPLY,
+            &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+            &[mem.as_raw_fd()],
+        )
+        .unwrap();
+        assert_eq!(c.reply_u64(SET_MEM_TABLE), 0);
+        let p = vring_addr(0, UADDR + 0x1000, UADDR + 0x3000, UADDR + 0x2000);
+        let mut o = accepted(&c, SET_VRING_ADDR, &p, &[]);
+        if o == "accepted" {
+            let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+            o = accepted(&c, SET_VRING_KICK, &0u64.to_le_bytes(), &[kick.as_raw_fd()]);
+            if o == "accepted" {
+                kick.write(1).unwrap();
+                std::thread::sleep(Duration::from_millis(50));
+                assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0);
+            }
+        }
+        check(
+            &mut daemon,
+            c,
+            "SET_VRING_ADDR before SET_VRING_NUM, then a kick",
+            o,
+        );
+    }
+    {
+        // GET_VRING_BASE on a ring never started: base 0 for ring 0.
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
+        let p = c.reply(GET_VRING_BASE);
+        assert_eq!(p, vring_state(0, 0), "GET_VRING_BASE of a ring never started");
+        assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0);
+        check(
+            &mut daemon,
+            c,
+            "GET_VRING_BASE on a ring never started",
+            "reply (0, 0)",
+        );
+    }
+    drop(mem);
+    drop(ev);
+    let after = daemon.idle_snapshot();
+    eprintln!("malformed messages:\n  {}", outcomes.join("\n  "));
+    eprintln!("fds: {} before, {} after", base.fds, after.fds);
+    assert!(
+        after.fds <= base.fds + 2,
+        "fd leak: {} before, {} after",
+        base.fds,
+        after.fds
+    );
+    assert_eq!(
+        after.memfd_maps, 0,
+        "guest memory of closed connections still mapped"
+    );
+}
+
+/// A SET_MEM_TABLE region larger than the file behind it (1 MiB announced,
+/// 64 KiB of memfd), then a ring in the part past the end of the file:
+/// the daemon must refuse the table or the ring (error ack or disconnect),
+/// not touch pages that do not exist (SIGBUS kills the whole daemon).
+#[test]
+fn memory_region_larger_than_its_file() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let small = memfd(64 << 10);
+    let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
+    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[small.as_raw_fd()])
+        .unwrap();
+    let mut outcome = format!("SET_MEM_TABLE: {}", accepted_or_refused(&c, SET_MEM_TABLE));
+    if outcome.ends_with("accepted") {
+        c.send(SET_VRING_NUM, V1 | NEED_REPLY, &vring_state(0, 256), &[])
+            .unwrap();
+        assert_eq!(c.reply_u64(SET_VRING_NUM), 0);
+        // Descriptor table at 512 KiB, avail ring at 516 KiB, used ring at 520 KiB.
+        let p = vring_addr(0, UADDR + 0x80000, UADDR + 0x82000, UADDR + 0x81000);
+        c.send(SET_VRING_ADDR, V1 | NEED_REPLY, &p, &[]).unwrap();
+        let o = accepted_or_refused(&c, SET_VRING_ADDR);
+        outcome = format!("{outcome}; SET_VRING_ADDR past the end of the file: {o}");
+        if o == "accepted" {
+            let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+            let call = EventFd::new(EFD_NONBLOCK).unwrap();
+            c.send(SET_VRING_KICK, V1, &0u64.to_le_bytes(), &[kick.as_raw_fd()])
+                .unwrap();
+            c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[call.as_raw_fd()])
+                .unwrap();
+            kick.write(1).unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            c.send(GET_FEATURES, V1, &[], &[]).unwrap();
+            let o = match c.recv() {
+                Got::Msg(GET_FEATURES, ..) => "still served",
+                Got::Closed => "disconnect",
+                Got::TimedOut => "no answer",
+                Got::Msg(..) => "unexpected message",
+            };
+            outcome = format!("{outcome}; kick: {o}");
+        }
+    }
+    eprintln!("region larger than its file: {outcome}");
+    drop(c);
+    daemon.assert_alive(&format!("a memory region larger than its file ({outcome})"));
+    assert_nist(&daemon.sock, "a memory region larger than its file");
+}
+
+/// Like `expect_refused` but a success ack is fine too.
+fn accepted_or_refused(c: &Conn, req: u32) -> &'static str {
+    match c.recv() {
+        Got::Msg(r, f, p) if (r, f) == (req, REPLY | V1) && p == [0u8; 8] => "accepted",
+        Got::Msg(r, f, p) if (r, f) == (req, REPLY | V1) && p.len() == 8 => "error ack",
+        Got::Closed => "disconnect",
+        other => panic!("request {req}: {other:?}"),
+    }
+}
+
+// ---- 5. session-message floods ----
+
+/// Sends `msgs` from a writer thread on a clone of `s` while this thread
+/// reads one CREATE reply (layout C) per message; returns the ids.
+fn pipelined_creates(s: &UnixStream, msgs: Vec<u8>, count: usize) -> Vec<i64> {
+    let w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || (&w).write_all(&msgs));
+    let mut r = BufReader::with_capacity(1 << 16, s.try_clone().unwrap());
+    let mut ids = Vec::with_capacity(count);
+    let mut reply = vec![0u8; 12 + 1072];
+    for i in 0..count {
+        r.read_exact(&mut reply)
+            .unwrap_or_else(|e| panic!("CREATE reply {i}: {e}"));
+        assert_eq!(
+            &reply[..12],
+            &Conn::message(CREATE_CRYPTO_SESSION, REPLY | V1, &[0; 1072])[..12]
+        );
+        ids.push(i64::from_le_bytes(reply[12 + 1064..].try_into().unwrap()));
+    }
+    writer.join().unwrap().unwrap();
+    ids
+}
+
+#[test]
+fn session_flood() {
+    const N: usize = 100_000;
+    let mut daemon = Daemon::spawn(&["--max-sessions", "64"]);
+    let s = UnixStream::connect(&daemon.sock).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(TIMEOUT)).unwrap();
+    let raw = s.try_clone().unwrap();
+    let mut fe = CryptoFrontend::from_stream(s, &cfg(SessionAbi::C, 1, 64, 8, 64)).unwrap();
+    // Warm up the data path, then measure.
+    let warm = fe.create_session(&session(&hex(NIST_KEY), 1)).unwrap();
+    assert_eq!(warm, 1);
+    assert_eq!(
+        run_one(&mut fe, ENCRYPT, 1, &hex(NIST_PT)),
+        (ST_OK, 65, hex(NIST_CT))
+    );
+    fe.close_session(1).unwrap();
+    let before = daemon.snapshot();
+    let log_before = daemon.log_len();
+    let t = Instant::now();
+
+    // 100,000 CREATEs with a 17-byte key: all -ERR, no disconnect.
+    let mut bad = session(&hex(NIST_KEY), 1);
+    bad.key_len = 17;
+    let one = create_request(SessionAbi::C, &bad);
+    let ids = pipelined_creates(&raw, one.repeat(N), N);
+    assert!(ids.iter().all(|&id| id == ID_ERR), "17-byte key: {:?}", &ids[..4]);
+    let t_bad = t.elapsed();
+
+    // 100,000 valid CREATEs past --max-sessions 64: ids 2..=65 (1 was
+    // used and closed), then -NOSPC.
+    let mut msgs = Vec::with_capacity(N * 1084);
+    for i in 0..N {
+        let dir = if i % 2 == 0 { 1 } else { 2 };
+        msgs.extend_from_slice(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), dir)));
+    }
+    let ids = pipelined_creates(&raw, msgs, N);
+    let expect: Vec<i64> = (2..=65).collect();
+    assert_eq!(&ids[..64], &expect[..], "the first 64 sessions");
+    assert!(
+        ids[64..].iter().all(|&id| id == ID_NOSPC),
+        "past the limit: {:?}",
+        &ids[64..68]
+    );
+    let t_valid = t.elapsed();
+
+    // 100,000 CLOSEs of ids never created (and 0, u64::MAX): no reply, ever.
+    let mut msgs = Vec::with_capacity((N + 2) * 20);
+    for id in (66..66 + N as u64 - 2).chain([0, u64::MAX, 1]) {
+        msgs.extend_from_slice(&close_request(id));
+    }
+    (&raw).write_all(&msgs).unwrap();
+    // Barrier: GET_FEATURES; its reply must be the very next bytes.
+    (&raw).write_all(&Conn::message(GET_FEATURES, V1, &[])).unwrap();
+    let mut reply = [0u8; 20];
+    (&raw).read_exact(&mut reply).unwrap();
+    assert_eq!(
+        &reply[..12],
+        &Conn::message(GET_FEATURES, REPLY | V1, &[0; 8])[..12],
+        "a CLOSE was answered"
+    );
+    raw.set_nonblocking(true).unwrap();
+    let mut extra = [0u8; 64];
+    match (&raw).read(&mut extra) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        other => panic!("bytes after the barrier reply: {other:?}"),
+    }
+    raw.set_nonblocking(false).unwrap();
+    let t_close = t.elapsed();
+
+    let after = daemon.snapshot();
+    let log_bytes = daemon.log_len() - log_before;
+    eprintln!(
+        "session flood: 17-byte keys {t_bad:?}, valid {:?}, closes {:?}; RSS {} -> {} KiB; \
+         fds {} -> {}; {log_bytes} bytes of log",
+        t_valid - t_bad,
+        t_close - t_valid,
+        before.rss_kib,
+        after.rss_kib,
+        before.fds,
+        after.fds
+    );
+    // Measured +100..+130 KiB. The flood may cost at most the 64 live
+    // sessions (a few KiB each in 1 table) and fixed buffers: 4 MiB is far
+    // above that and far below anything kept per message (300,000 messages
+    // at even 16 bytes each would be 4.6 MiB).
+    assert!(
+        after.rss_kib <= before.rss_kib + 4096,
+        "RSS grew from {} KiB to {} KiB",
+        before.rss_kib,
+        after.rss_kib
+    );
+    assert_eq!(after.fds, before.fds, "fds during the flood");
+    // The guest can repeat refused CREATEs at will: the log must not grow
+    // per message (one warning line per connection is about 100 bytes;
+    // before ff2f6a9 each refusal logged a line: 10 MB here).
+    assert!(log_bytes < 64 << 10, "{log_bytes} bytes of log for the flood");
+
+    // Requests still work: the 64 live sessions (2 = encrypt, 3 = decrypt,
+    // …), 66.. and the closed 1 are unknown.
+    assert_eq!(
+        run_one(&mut fe, ENCRYPT, 2, &hex(NIST_PT)),
+        (ST_OK, 65, hex(NIST_CT))
+    );
+    assert_eq!(
+        run_one(&mut fe, DECRYPT, 65, &hex(NIST_CT)),
+        (ST_OK, 65, hex(NIST_PT))
+    );
+    for sid in [1u64, 66, 100_000] {
+        let (st, len, _) = run_one(&mut fe, ENCRYPT, sid, &hex(NIST_PT));
+        assert_eq!((st, len), (ST_INVSESS, 1), "session {sid}");
+    }
+    // Closing a live one frees a slot: the next CREATE gets 66.
+    fe.close_session(2).unwrap();
+    assert_eq!(fe.create_session(&session(&hex(NIST_KEY), 1)).unwrap(), 66);
+    drop(fe);
+    drop(raw);
+    daemon.assert_alive("the session flood");
+    assert_nist(&daemon.sock, "the session flood");
+}
+
+/// Sessions created and closed over and over with no request in between,
+/// on a four-queue daemon (QEMU only ever starts data queue 0): whatever a
+/// queue keeps per session must go away with the session, not pile up until
+/// the queue next runs. Then sessions come and go while every queue is busy.
+#[test]
+fn session_churn_without_requests_stays_bounded() {
+    const N: usize = 50_000;
+    let mut daemon = Daemon::spawn(&["--queues", "4", "--max-sessions", "64"]);
+    let s = UnixStream::connect(&daemon.sock).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(TIMEOUT)).unwrap();
+    let raw = s.try_clone().unwrap();
+    let mut fe = CryptoFrontend::from_stream(s, &cfg(SessionAbi::C, 4, 256, 64, 256)).unwrap();
+    let key = hex(NIST_KEY);
+    assert_eq!(fe.create_session(&session(&key, 1)).unwrap(), 1);
+    assert_eq!(
+        run_one(&mut fe, ENCRYPT, 1, &hex(NIST_PT)),
+        (ST_OK, 65, hex(NIST_CT))
+    );
+    let before = daemon.snapshot();
+
+    // CREATE (id 2 + i, known in advance) and CLOSE of that id, pipelined.
+    let mut msgs = Vec::with_capacity(N * (1084 + 20));
+    for i in 0..N {
+        msgs.extend_from_slice(&create_request(SessionAbi::C, &session(&key, 1 + (i % 2) as u8)));
+        msgs.extend_from_slice(&close_request(2 + i as u64));
+    }
+    let t = Instant::now();
+    let ids = pipelined_creates(&raw, msgs, N);
+    assert!(
+        ids.iter().enumerate().all(|(i, &id)| id == 2 + i as i64),
+        "ids of create/close pairs: {:?}",
+        &ids[..4]
+    );
+    (&raw).write_all(&Conn::message(GET_FEATURES, V1, &[])).unwrap();
+    let mut reply = [0u8; 20];
+    (&raw).read_exact(&mut reply).unwrap();
+    assert_eq!(reply[..4], GET_FEATURES.to_le_bytes());
+    let after = daemon.snapshot();
+    eprintln!(
+        "session churn: {N} create/close pairs in {:?}; RSS {} -> {} KiB",
+        t.elapsed(),
+        before.rss_kib,
+        after.rss_kib
+    );
+    // Each session holds an expanded AES key per queue (hundreds of bytes):
+    // 50,000 of them kept on 4 queues would be tens of MiB.
+    assert!(
+        after.rss_kib <= before.rss_kib + 4096,
+        "RSS grew from {} KiB to {} KiB with no session live",
+        before.rss_kib,
+        after.rss_kib
+    );
+    // Closed sessions are gone on every queue; a new one works on every queue.
+    let next = fe.create_session(&session(&key, 1)).unwrap();
+    assert_eq!(next, 2 + N as i64);
+    for q in 0..4 {
+        for (sid, want) in [
+            (2u64, ST_INVSESS),
+            (1 + N as u64, ST_INVSESS),
+            (next as u64, ST_OK),
+        ] {
+            let slot = put_request(&mut fe, q, ENCRYPT, sid, &hex(NIST_IV), &hex(NIST_PT));
+            fe.queues[q].publish_and_kick().unwrap();
+            let mut done = Vec::new();
+            fe.queues[q].reap(&mut done, TIMEOUT).unwrap();
+            assert_eq!(done[0].slot, slot);
+            let (st, _, dst) = result(&fe, q, done[0], 64);
+            assert_eq!(st, want, "queue {q} session {sid}");
+            if want == ST_OK {
+                assert_eq!(dst, hex(NIST_CT), "queue {q}");
+            }
+        }
+    }
+
+    // Sessions come and go while all four queues have requests in flight.
+    let mut rng = Rng(3);
+    let mut jobs: Vec<Vec<Job>> = (0..4)
+        .map(|_| {
+            (0..64)
+                .map(|_| Job {
+                    sid: next as u64,
+                    encrypt: true,
+                    key: key.clone(),
+                    iv: rng.bytes(16),
+                    src: rng.bytes(256),
+                })
+                .collect()
+        })
+        .collect();
+    for round in 0..20 {
+        let mut slots = Vec::new();
+        for (q, js) in jobs.iter().enumerate() {
+            let s: Vec<u16> = js
+                .iter()
+                .map(|j| put_request(&mut fe, q, ENCRYPT, j.sid, &j.iv, &j.src))
+                .collect();
+            fe.queues[q].publish_and_kick().unwrap();
+            slots.push(s);
+        }
+        let id = fe.create_session(&session(&key, 2)).unwrap();
+        assert!(id > next, "round {round}: id {id}");
+        fe.close_session(id as u64).unwrap();
+        for (q, js) in jobs.iter().enumerate() {
+            let mut done = Vec::new();
+            while done.len() < js.len() {
+                fe.queues[q].reap(&mut done, TIMEOUT).unwrap();
+            }
+            for u in done {
+                let i = slots[q].iter().position(|&s| s == u.slot).unwrap();
+                let j = &js[i];
+                let (st, len, dst) = result(&fe, q, u, 256);
+                assert_eq!((st, len), (ST_OK, 257), "round {round} queue {q} job {i}");
+                assert!(
+                    dst == oracle(true, &j.key, &j.iv, &j.src),
+                    "round {round} queue {q} job {i}"
+                );
+            }
+        }
+        for js in &mut jobs {
+            for j in js.iter_mut() {
+                j.iv = rng.bytes(16);
+            }
+        }
+    }
+    drop(fe);
+    drop(raw);
+    daemon.assert_alive("the session churn");
+    assert_nist(&daemon.sock, "the session churn");
+}
+
+/// A frontend may send its next request before reading the previous reply
+/// (the replies are in request order on the stream): the daemon answers
+/// some requests itself (CREATE) and forwards the others, and the replies
+/// must still come back in request order.
+#[test]
+fn pipelined_requests_get_replies_in_order() {
+    let daemon = Daemon::spawn(&["--max-sessions", "100000"]);
+    let c = Conn::negotiated(&daemon.sock);
+    let create = create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)).to_vec();
+    let get = |req: u32| Conn::message(req, V1, &[]);
+    let set_features = Conn::message(SET_FEATURES, V1 | NEED_REPLY, &F_PROTOCOL_FEATURES.to_le_bytes());
+    // (name, messages sent back to back, replies expected in this order)
+    let sequences = [
+        (
+            "GET_FEATURES, CREATE",
+            vec![get(GET_FEATURES), create.clone()],
+            vec![GET_FEATURES, CREATE_CRYPTO_SESSION],
+        ),
+        (
+            "SET_FEATURES with NEED_REPLY, CREATE",
+            vec![set_features, create.clone()],
+            vec![SET_FEATURES, CREATE_CRYPTO_SESSION],
+        ),
+        (
+            "GET_PROTOCOL_FEATURES, CREATE, GET_FEATURES",
+            vec![get(GET_PROTOCOL_FEATURES), create.clone(), get(GET_FEATURES)],
+            vec![GET_PROTOCOL_FEATURES, CREATE_CRYPTO_SESSION, GET_FEATURES],
+        ),
+    ];
+    let mut out_of_order = Vec::new();
+    for (name, msgs, want) in &sequences {
+        let mut bad = 0;
+        for _ in 0..200 {
+            c.send_bytes(&msgs.concat(), &[]).unwrap();
+            let got: Vec<u32> = want
+                .iter()
+                .map(|_| match c.recv() {
+                    Got::Msg(r, f, _) => {
+                        assert_eq!(f, REPLY | V1, "{name}: reply flags");
+                        r
+                    }
+                    other => panic!("{name}: {other:?}"),
+                })
+                .collect();
+            let mut sorted = got.clone();
+            sorted.sort_unstable();
+            let mut want_sorted = want.clone();
+            want_sorted.sort_unstable();
+            assert_eq!(sorted, want_sorted, "{name}: one reply per request");
+            if got != *want {
+                bad += 1;
+            }
+        }
+        if bad > 0 {
+            out_of_order.push(format!("{name}: {bad} of 200 out of order"));
+        }
+    }
+    assert!(
+        out_of_order.is_empty(),
+        "replies out of request order: {out_of_order:?}"
+    );
+}
+
+/// A second frontend that connects while the first is served waits (the
+/// daemon serves one at a time), sees nothing of the first one's state once
+/// it is served, and its early requests are answered then.
+#[test]
+fn a_waiting_frontend_is_served_fresh_after_the_first_leaves() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mut first = frontend(&daemon.sock, &cfg(SessionAbi::C, 1, 64, 8, 64));
+    for want in 1..=3 {
+        assert_eq!(first.create_session(&session(&hex(NIST_KEY), 1)).unwrap(), want);
+    }
+    // The second one sends GET_FEATURES right away.
+    let second = Conn::open(&daemon.sock);
+    second.send(GET_FEATURES, V1, &[], &[]).unwrap();
+    second
+        .s
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    assert!(
+        matches!(second.recv(), Got::TimedOut),
+        "served while the first frontend is"
+    );
+    assert_eq!(
+        run_one(&mut first, ENCRYPT, 3, &hex(NIST_PT)),
+        (ST_OK, 65, hex(NIST_CT))
+    );
+    drop(first);
+    second.s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    assert_ne!(second.reply_u64(GET_FEATURES) & F_PROTOCOL_FEATURES, 0);
+    let create = create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1));
+    second.send_bytes(&create, &[]).unwrap();
+    let p = second.reply(CREATE_CRYPTO_SESSION);
+    let id = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
+    assert_eq!(id, 1, "the waiting frontend's first session id");
+    drop(second);
+    daemon.assert_alive("two frontends in a row");
+    assert_nist(&daemon.sock, "two frontends in a row");
+}
+
+/// The frontend shrinks the guest memory file after SET_MEM_TABLE (all
+/// sizes were right when the table was checked), then kicks a ring that
+/// now lies past the end of the file.
+///
+/// Known limitation, so ignored: the daemon dies of SIGBUS in the queue
+/// worker. Only the frontend (the VMM, which can kill the daemon anyway)
+/// can do this, and QEMU's memory-backend-memfd seals its file against
+/// shrinking by default (`seal=on`). A fix would be refusing memfds without
+/// F_SEAL_SHRINK, or recovering from SIGBUS in guest-memory accesses.
+#[test]
+#[ignore = "known: SIGBUS when the frontend truncates guest memory after SET_MEM_TABLE"]
+fn memory_file_truncated_after_mem_table() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = memfd(MEM_SIZE);
+    let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    // Ring at 512 KiB: descriptors, avail ring at +4 KiB, used ring at +8 KiB.
+    let addr = vring_addr(0, UADDR + 0x80000, UADDR + 0x82000, UADDR + 0x81000);
+    for (req, payload, fds) in [
+        (SET_MEM_TABLE, table, vec![mem.as_raw_fd()]),
+        (SET_VRING_NUM, vring_state(0, 256), vec![]),
+        (SET_VRING_BASE, vring_state(0, 0), vec![]),
+        (SET_VRING_ADDR, addr, vec![]),
+        (
+            SET_VRING_KICK,
+            0u64.to_le_bytes().to_vec(),
+            vec![kick.as_raw_fd()],
+        ),
+        (
+            SET_VRING_CALL,
+            0u64.to_le_bytes().to_vec(),
+            vec![call.as_raw_fd()],
+        ),
+    ] {
+        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
+        assert_eq!(c.reply_u64(req), 0, "request {req}");
+    }
+    mem.set_len(64 << 10).unwrap();
+    kick.write(1).unwrap();
+    c.send(GET_FEATURES, V1, &[], &[]).unwrap();
+    let o = c.recv();
+    drop(c);
+    daemon.assert_alive(&format!("guest memory truncated under a live ring ({o:?})"));
+    assert_nist(&daemon.sock, "guest memory truncated under a live ring");
+}
