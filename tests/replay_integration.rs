@@ -4,49 +4,17 @@
 //! and indirect tables, several queues, many connections in a row against
 //! one daemon, and a trace whose expectation is wrong (the check can fail).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
 use vhost_crypto_replay::trace::Trace;
 use vhost_user_crypto::session_msg::SessionAbi;
 
-struct Daemon {
-    child: Child,
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_daemon(extra: &[&str]) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crypto.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
-        .arg("--socket-path")
-        .arg(&sock)
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not listen");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Daemon {
-        child,
-        _dir: dir,
-        sock,
-    }
-}
+#[path = "common/daemon.rs"]
+mod daemon;
+use daemon::spawn_daemon;
 
 fn trace(name: &str) -> Trace {
     Trace::load(

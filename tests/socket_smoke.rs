@@ -2,9 +2,8 @@
 //! Daemon + frontend over a real socket: NIST SP 800-38A F.2.1/F.2.2 in
 //! every session layout and descriptor layout, and reconnects.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
@@ -23,42 +22,9 @@ fn hex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-struct Daemon {
-    child: Child,
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_daemon(extra: &[&str]) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crypto.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
-        .arg("--socket-path")
-        .arg(&sock)
-        .args(extra)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "daemon did not create its socket"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Daemon {
-        child,
-        _dir: dir,
-        sock,
-    }
-}
+#[path = "common/daemon.rs"]
+mod daemon;
+use daemon::spawn_daemon;
 
 fn config(abi: SessionAbi, mode: DescMode) -> FrontendConfig {
     FrontendConfig {
