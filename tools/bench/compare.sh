@@ -1,0 +1,268 @@
+#!/usr/bin/env bash
+# Side-by-side AES-128-CBC encrypt benchmark (issue 4), in one run:
+#
+#   ours     taskset -c 1 vhost-user-crypto --socket-path SOCK   (default options)
+#            driven by taskset -c 0 vhost-crypto-replay --socket SOCK --json
+#            --queue-size 1024 --queue-depth D TRACE
+#   dpdk     DPDK 22.11 examples/vhost_crypto + crypto_aesni_mb on CPU 1
+#            (tools/bench/dpdk-vhost-crypto.sh run/stop), same replay command
+#            plus --dpdk; payloads <= 2048 bytes only (DPDK 22.11's cipher limit)
+#   openssl  taskset -c 1 openssl speed -evp aes-128-cbc -bytes N -seconds S
+#   algos    the algorithms crate's single-stream path on CPU 1:
+#            cargo bench --bench engines -- encrypt-single-stream-x8
+#            (8 messages per iteration, each through key.start + process_in_place)
+#
+# Sizes 64 256 1024 2048 4096 16384, queue depths 1 32 256 (--quick: sizes
+# 256 2048 16384, depths 1 256, shorter runs). Backend CPU seconds are
+# utime+stime of the backend process from /proc/PID/stat before and after
+# each replay run (10 ms resolution; the span includes the replay tool's
+# connect and trace expansion, for which DPDK's polling worker burns CPU and
+# our daemon sleeps). Replay CPU seconds are the tool's own cpu_s.
+#
+# Usage: tools/bench/compare.sh [--quick] [--reps R] [--out DIR] [--no-dpdk] [--no-build]
+# --reps R (default 1) repeats the ours and DPDK blocks R times, alternating
+# (ours, DPDK, ours, DPDK, ...), and reports the run with the median ops/s
+# per cell; every run is kept in compare.json.
+# Writes DIR/compare.json, DIR/compare.txt (the table), DIR/compare.svg and
+# DIR/compare.png (DIR defaults to target/bench); the plot is drawn by
+# tools/bench/plot (plotters, its own workspace, built into target/bench-plot),
+# or, if that does not build, as SVG only by tools/bench/compare_report.py. Stops every process it started on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+
+QUICK=0
+OUT=$ROOT/target/bench
+DPDK=1
+BUILD=1
+REPS=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) QUICK=1 ;;
+        --out) OUT=$2; shift ;;
+        --no-dpdk) DPDK=0 ;;
+        --no-build) BUILD=0 ;;
+        --reps) REPS=$2; shift ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+case "$OUT" in /*) ;; *) OUT=$ROOT/$OUT ;; esac
+
+BACKEND_CPU=1
+REPLAY_CPU=0
+KEY=2b7e151628aed2a6abf7158809cf4f3c
+if [ "$QUICK" = 1 ]; then
+    SIZES=(256 2048 16384)
+    DEPTHS=(1 256)
+    SCALE=8          # divide request counts by this
+    RAW_SECONDS=1
+    CRIT_SECONDS=0.5
+else
+    SIZES=(64 256 1024 2048 4096 16384)
+    DEPTHS=(1 32 256)
+    SCALE=1
+    RAW_SECONDS=2
+    CRIT_SECONDS=1.5
+fi
+DPDK_MAX=2048
+
+REPLAY=$ROOT/target/release/vhost-crypto-replay
+DAEMON=$ROOT/target/release/vhost-user-crypto
+DPDK_SH=$ROOT/tools/bench/dpdk-vhost-crypto.sh
+CLK_TCK=$(getconf CLK_TCK)
+
+TMP=$(mktemp -d /tmp/vuc-compare.XXXXXX)
+DAEMON_PID=""
+DPDK_STARTED=0
+cleanup() {
+    local rc=$?
+    if [ -n "$DAEMON_PID" ] && [ -d "/proc/$DAEMON_PID" ]; then
+        kill "$DAEMON_PID" 2>/dev/null || true
+        wait "$DAEMON_PID" 2>/dev/null || true
+    fi
+    if [ "$DPDK_STARTED" = 1 ]; then
+        bash "$DPDK_SH" stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$TMP"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { printf '== %s\n' "$*" >&2; }
+
+# Requests per run (aimed at ~1-3 s on the 2-core VM with other jobs running) and the trace chunk
+# (requests expanded in memory by the replay tool; --repeat makes up the rest).
+requests_for() { # size depth
+    local n
+    if [ "$2" = 1 ]; then
+        case "$1" in 64|256) n=40000 ;; 1024) n=32000 ;; 2048) n=24000 ;; 4096) n=20000 ;; *) n=10000 ;; esac
+    else
+        case "$1" in 64) n=800000 ;; 256) n=600000 ;; 1024) n=300000 ;; 2048) n=160000 ;; 4096) n=80000 ;; *) n=24000 ;; esac
+    fi
+    echo $((n / SCALE))
+}
+chunk_for() { # size
+    case "$1" in 64|256) echo 20000 ;; 1024) echo 8000 ;; 2048) echo 4000 ;; 4096) echo 2000 ;; *) echo 1000 ;; esac
+}
+trace_for() { # size -> path (one generate line, AES-128-CBC encrypt)
+    local f=$TMP/aes128-cbc-$1.jsonl
+    if [ ! -f "$f" ]; then
+        printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"encrypt"}\n' "$KEY" >"$f"
+        printf '{"op":"generate","session":"s1","opcode":"encrypt","size":%d,"count":%d,"seed":%d}\n' \
+            "$1" "$(chunk_for "$1")" "$1" >>"$f"
+    fi
+    echo "$f"
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# One replay run: system size depth sock backend_pid [extra replay args]
+# Appends one JSON object to $TMP/results.jsonl.
+replay_run() {
+    local sys=$1 size=$2 depth=$3 sock=$4 pid=$5 r=$REP; shift 5
+    local want chunk repeat trace t0 t1 rc=0 out=$TMP/run.json err=$TMP/run.err
+    want=$(requests_for "$size" "$depth")
+    chunk=$(chunk_for "$size")
+    [ "$want" -ge "$chunk" ] || chunk=$want
+    repeat=$(( (want + chunk - 1) / chunk ))
+    trace=$(trace_for "$size")
+    if [ "$chunk" != "$(chunk_for "$size")" ]; then
+        trace=$TMP/aes128-cbc-$size-$chunk.jsonl
+        sed "s/\"count\":[0-9]*/\"count\":$chunk/" "$(trace_for "$size")" >"$trace"
+    fi
+    t0=$(cpu_ticks "$pid")
+    taskset -c "$REPLAY_CPU" "$REPLAY" --socket "$sock" --json --queue-size 1024 \
+        --queue-depth "$depth" --repeat "$repeat" "$@" "$trace" >"$out" 2>"$err" || rc=$?
+    t1=$(cpu_ticks "$pid")
+    local bcpu
+    bcpu=$(awk -v a="$t0" -v b="$t1" -v h="$CLK_TCK" 'BEGIN{printf "%.2f", (b-a)/h}')
+    if [ "$rc" = 0 ] && [ -s "$out" ]; then
+        jq -c --arg sys "$sys" --argjson size "$size" --argjson depth "$depth" --argjson bcpu "$bcpu" --argjson rep "$r" \
+            '{system:$sys,size:$size,depth:$depth,rep:$rep,ops_per_sec,mib_per_sec,p50_us,p99_us,
+              elapsed_s,requests,mismatches,replay_cpu_s:.cpu_s,backend_cpu_s:$bcpu}' \
+            "$out" >>"$TMP/results.jsonl"
+        log "$(jq -r --arg sys "$sys" '"\($sys) size \(.bytes/.requests) depth '"$depth"': \(.ops_per_sec|floor) ops/s, \(.mib_per_sec*10|floor/10) MiB/s, mismatches \(.mismatches)"' "$out")"
+    else
+        log "$sys size $size depth $depth FAILED (exit $rc): $(head -c 300 "$err" "$out" | tr '\n' ' ')"
+        jq -nc --arg sys "$sys" --argjson size "$size" --argjson depth "$depth" --argjson rep "$r" --arg e "exit $rc: $(head -c 300 "$err")" \
+            '{system:$sys,size:$size,depth:$depth,rep:$rep,error:$e}' >>"$TMP/results.jsonl"
+    fi
+}
+
+START=$(date +%s)
+mkdir -p "$OUT"
+: >"$TMP/results.jsonl"
+
+if [ "$BUILD" = 1 ]; then
+    log "cargo build --release --workspace"
+    cargo build --release --workspace
+    log "cargo bench --bench engines --no-run"
+    cargo bench --bench engines --no-run >/dev/null 2>&1 || log "engines bench does not build: algos column will be n/a"
+    log "cargo build --release (tools/bench/plot, plotters; own workspace, target/bench-plot)"
+    cargo build --release --manifest-path "$ROOT/tools/bench/plot/Cargo.toml" --target-dir "$ROOT/target/bench-plot" ||
+        log "the plotters plot does not build: compare.svg comes from compare_report.py only, no PNG"
+    if [ "$DPDK" = 1 ]; then
+        bash "$DPDK_SH" build || { log "DPDK build failed: dpdk column will be n/a"; DPDK=0; }
+    fi
+fi
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+log "load average before: $LOAD_BEFORE"
+
+for REP in $(seq "$REPS"); do
+    # --- our daemon -------------------------------------------------------------
+    SOCK=$TMP/vuc.sock
+    rm -f "$SOCK"
+    log "rep $REP/$REPS: starting our daemon on CPU $BACKEND_CPU"
+    taskset -c "$BACKEND_CPU" "$DAEMON" --socket-path "$SOCK" >"$TMP/daemon.log" 2>&1 &
+    DAEMON_PID=$!
+    for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
+    [ -S "$SOCK" ] || { cat "$TMP/daemon.log" >&2; echo "compare.sh: daemon did not start" >&2; exit 1; }
+    for size in "${SIZES[@]}"; do
+        for depth in "${DEPTHS[@]}"; do
+            replay_run ours "$size" "$depth" "$SOCK" "$DAEMON_PID"
+        done
+    done
+    kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
+    DAEMON_PID=""
+
+    # --- DPDK 22.11 vhost_crypto ------------------------------------------------
+    if [ "$DPDK" = 1 ]; then
+        DSOCK=$TMP/dpdk.sock
+        DPDK_STARTED=1
+        if bash "$DPDK_SH" run "$DSOCK"; then
+            DPID=$(cat "$ROOT/target/dpdk-vhost-crypto/vhost-crypto.pid")
+            for size in "${SIZES[@]}"; do
+                [ "$size" -le "$DPDK_MAX" ] || continue
+                for depth in "${DEPTHS[@]}"; do
+                    replay_run dpdk "$size" "$depth" "$DSOCK" "$DPID" --dpdk
+                done
+            done
+        else
+            log "DPDK vhost_crypto did not start: dpdk column will be n/a"
+        fi
+        bash "$DPDK_SH" stop || true
+        DPDK_STARTED=0
+    fi
+done
+
+# --- raw single-stream ciphers on CPU 1 -------------------------------------
+for size in "${SIZES[@]}"; do
+    line=$(taskset -c "$BACKEND_CPU" openssl speed -evp aes-128-cbc -bytes "$size" -seconds "$RAW_SECONDS" 2>&1 |
+        grep -m1 '^Doing' || true)
+    # "Doing AES-128-CBC for 2s on 256 size blocks: 10795113 AES-128-CBC's in 1.99s"
+    if [[ $line =~ :\ ([0-9]+)\ .*\ in\ ([0-9.]+)s ]]; then
+        jq -nc --argjson size "$size" --argjson n "${BASH_REMATCH[1]}" --argjson s "${BASH_REMATCH[2]}" \
+            '{system:"openssl",size:$size,depth:null,ops_per_sec:($n/$s),mib_per_sec:($n*$size/$s/1048576),
+              requests:$n,cpu_s:$s}' >>"$TMP/results.jsonl"
+        log "openssl size $size: $line"
+    else
+        log "openssl speed size $size: could not parse: $line"
+    fi
+done
+
+filter=$(IFS='|'; echo "${SIZES[*]}")
+CRIT=$ROOT/target/criterion/aes128-cbc/encrypt-single-stream-x8
+if taskset -c "$BACKEND_CPU" cargo bench --bench engines -- \
+        "encrypt-single-stream-x8/($filter)\$" --warm-up-time 0.3 \
+        --measurement-time "$CRIT_SECONDS" --noplot >"$TMP/criterion.log" 2>&1; then
+    for size in "${SIZES[@]}"; do
+        est=$CRIT/$size/new/estimates.json
+        if [ -f "$est" ]; then
+            # mean time per iteration (8 messages) in ns
+            jq -c --argjson size "$size" \
+                '{system:"algos",size:$size,depth:null,ops_per_sec:(8e9/.mean.point_estimate),
+                  mib_per_sec:(8e9/.mean.point_estimate*$size/1048576),ns_per_8_requests:.mean.point_estimate}' \
+                "$est" >>"$TMP/results.jsonl"
+        fi
+    done
+    log "algorithms single-stream: $(grep -c 'time:' "$TMP/criterion.log") criterion results"
+else
+    log "cargo bench --bench engines failed: algos column n/a ($(tail -3 "$TMP/criterion.log" | tr '\n' ' '))"
+fi
+
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+END=$(date +%s)
+
+python3 "$ROOT/tools/bench/compare_report.py" \
+    --results "$TMP/results.jsonl" --out "$OUT" \
+    --meta "$(jq -nc --arg q "$QUICK" --arg lb "$LOAD_BEFORE" --arg la "$LOAD_AFTER" \
+        --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        --arg dirty "$(git status --porcelain -- src algorithms tools/replay 2>/dev/null | wc -l)" \
+        --arg host "$(uname -n) $(nproc) CPUs $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
+        --argjson secs "$((END - START))" --arg date "$(date -u +%FT%TZ)" \
+        --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
+          host:$host,wall_s:$secs,date:$date,
+          ours:"taskset -c 1 vhost-user-crypto --socket-path SOCK; taskset -c 0 vhost-crypto-replay --socket SOCK --json --queue-size 1024 --queue-depth D --repeat K TRACE",
+          dpdk:"tools/bench/dpdk-vhost-crypto.sh run SOCK (CPU 1); taskset -c 0 vhost-crypto-replay --socket SOCK --dpdk --json --queue-size 1024 --queue-depth D --repeat K TRACE",
+          openssl:"taskset -c 1 openssl speed -evp aes-128-cbc -bytes N -seconds S",
+          algos:"taskset -c 1 cargo bench --bench engines -- encrypt-single-stream-x8"}')"
+# The plotters plot (SVG and PNG) replaces compare_report.py's SVG when it works.
+PLOT=$ROOT/target/bench-plot/release/vuc-bench-plot
+if [ -x "$PLOT" ] && "$PLOT" "$OUT/compare.json" "$OUT/compare.svg" && "$PLOT" "$OUT/compare.json" "$OUT/compare.png"; then
+    log "plot (plotters): $OUT/compare.svg, $OUT/compare.png"
+else
+    log "plot: $OUT/compare.svg from compare_report.py (the plotters binary is missing or failed)"
+fi
+log "done in $((END - START)) s: $OUT/compare.txt, $OUT/compare.json, $OUT/compare.svg"

@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Turns the results of tools/bench/compare.sh into a table (compare.txt,
+also printed), one JSON document (compare.json) and an SVG plot
+(compare.svg: MiB/s against payload size, one panel per queue depth, one
+line per system; the raw single-stream ciphers have no queue depth and
+appear in every panel). Standard library only."""
+
+import argparse
+import json
+import math
+import os
+
+SYSTEMS = [
+    ("ours", "our daemon", "#d62728"),
+    ("dpdk", "DPDK 22.11 vhost_crypto", "#1f77b4"),
+    ("openssl", "openssl speed (raw, single stream)", "#2ca02c"),
+    ("algos", "algorithms single stream (raw)", "#9467bd"),
+]
+
+
+def fmt_ops(v):
+    if v is None:
+        return "n/a"
+    if v >= 1e6:
+        return f"{v / 1e6:.2f}M"
+    if v >= 1e3:
+        return f"{v / 1e3:.1f}k"
+    return f"{v:.0f}"
+
+
+def fmt(v, spec):
+    return "n/a" if v is None else format(v, spec)
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--meta", default="{}")
+    a = ap.parse_args()
+    meta = json.loads(a.meta)
+    rows = [json.loads(l) for l in open(a.results) if l.strip()]
+
+    def get(system, size, depth):
+        """The run of this cell with the median ops/s (with --reps R, the
+        lower median for even R); None if every run failed."""
+        runs = [
+            r
+            for r in rows
+            if r["system"] == system
+            and r["size"] == size
+            and (r.get("depth") == depth or system in ("openssl", "algos"))
+            and "error" not in r
+        ]
+        if not runs:
+            return None
+        runs.sort(key=lambda r: r["ops_per_sec"])
+        return runs[(len(runs) - 1) // 2]
+
+    def spread(system, size, depth):
+        ops = [
+            r["ops_per_sec"]
+            for r in rows
+            if r["system"] == system and r["size"] == size and r.get("depth") == depth and "error" not in r
+        ]
+        return (min(ops), max(ops)) if len(ops) > 1 else None
+
+    failed = [r for r in rows if "error" in r]
+
+    sizes = sorted({r["size"] for r in rows})
+    depths = sorted({r["depth"] for r in rows if r.get("depth") is not None})
+
+    table = []
+    lines = []
+    hdr = (
+        f"{'size':>6} {'depth':>5} | {'ours ops/s':>10} {'MiB/s':>7} {'d-cpu':>5} {'r-cpu':>5} {'p50us':>6} |"
+        f" {'DPDK ops/s':>10} {'MiB/s':>7} {'d-cpu':>5} {'r-cpu':>5} {'p50us':>6} |"
+        f" {'openssl':>8} {'MiB/s':>7} | {'algos':>8} {'MiB/s':>7} |"
+        f" {'ours/DPDK':>9} {'ours/ossl':>9} {'ours/algos':>10}"
+    )
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+    for size in sizes:
+        for depth in depths:
+            o, d = get("ours", size, depth), get("dpdk", size, depth)
+            s, g = get("openssl", size, None), get("algos", size, None)
+            v = lambda r, k: None if r is None else r.get(k)
+            row = {
+                "size": size,
+                "depth": depth,
+                "ours": o,
+                "dpdk": d,
+                "openssl_ops_per_sec": v(s, "ops_per_sec"),
+                "algos_ops_per_sec": v(g, "ops_per_sec"),
+                "ours_over_dpdk": ratio(v(o, "ops_per_sec"), v(d, "ops_per_sec")),
+                "ours_over_openssl": ratio(v(o, "ops_per_sec"), v(s, "ops_per_sec")),
+                "ours_over_algos": ratio(v(o, "ops_per_sec"), v(g, "ops_per_sec")),
+                "ours_runs_min_max": spread("ours", size, depth),
+                "dpdk_runs_min_max": spread("dpdk", size, depth),
+            }
+            table.append(row)
+            dpdk_na = "n/a (>2048)" if size > 2048 else "n/a"
+            lines.append(
+                f"{size:>6} {depth:>5} | {fmt_ops(v(o, 'ops_per_sec')):>10} {fmt(v(o, 'mib_per_sec'), '.1f'):>7}"
+                f" {fmt(v(o, 'backend_cpu_s'), '.2f'):>5} {fmt(v(o, 'replay_cpu_s'), '.2f'):>5} {fmt(v(o, 'p50_us'), '.0f'):>6} |"
+                + (
+                    f" {fmt_ops(v(d, 'ops_per_sec')):>10} {fmt(v(d, 'mib_per_sec'), '.1f'):>7}"
+                    f" {fmt(v(d, 'backend_cpu_s'), '.2f'):>5} {fmt(v(d, 'replay_cpu_s'), '.2f'):>5} {fmt(v(d, 'p50_us'), '.0f'):>6} |"
+                    if d
+                    else f" {dpdk_na:>38} |"
+                )
+                + f" {fmt_ops(v(s, 'ops_per_sec')):>8} {fmt(v(s, 'mib_per_sec'), '.0f'):>7} |"
+                f" {fmt_ops(v(g, 'ops_per_sec')):>8} {fmt(v(g, 'mib_per_sec'), '.0f'):>7} |"
+                f" {fmt(row['ours_over_dpdk'], '.2f'):>9} {fmt(row['ours_over_openssl'], '.3f'):>9}"
+                f" {fmt(row['ours_over_algos'], '.3f'):>10}"
+            )
+    lines.append("")
+    reps = meta.get("reps", 1)
+    if reps and reps > 1:
+        lines.append(f"ours and DPDK: median of {reps} runs per cell (min-max of ops/s in compare.json)")
+        for t in table:
+            for k in ("ours", "dpdk"):
+                mm = t[f"{k}_runs_min_max"]
+                if mm:
+                    lines.append(f"  {k:>4} {t['size']:>5} B depth {t['depth']:>3}: {fmt_ops(mm[0])} .. {fmt_ops(mm[1])} ops/s")
+    for r in failed:
+        lines.append(f"FAILED: {r['system']} size {r['size']} depth {r['depth']}: {r['error']}")
+    lines.append(
+        "d-cpu: backend CPU seconds (utime+stime from /proc/PID/stat over the replay run);"
+        " r-cpu: replay tool cpu_s; ratios are of ops/s."
+    )
+
+    # Targets of issue 4.
+    targets = []
+
+    def target(name, got, want):
+        ok = None if got is None else got >= want
+        targets.append({"target": name, "value": got, "need": want, "met": ok})
+        lines.append(
+            f"target {name}: {fmt(got, '.3f')} (need >= {want}) "
+            + ("n/a" if ok is None else ("MET" if ok else "NOT MET"))
+        )
+
+    lines.append("")
+    r256 = next((t for t in table if t["size"] == 256 and t["depth"] == 256), None)
+    r16k = next((t for t in table if t["size"] == 16384 and t["depth"] == 32), None)
+    target("256 B depth 256 ours/DPDK", r256 and r256["ours_over_dpdk"], 2.0)
+    target("256 B depth 256 ours/openssl", r256 and r256["ours_over_openssl"], 1.0)
+    target("16 KiB depth 32 ours/openssl", r16k and r16k["ours_over_openssl"], 0.9)
+    target("16 KiB depth 32 ours/algos", r16k and r16k["ours_over_algos"], 0.9)
+
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "compare.txt"), "w") as f:
+        f.write(text)
+    with open(os.path.join(a.out, "compare.json"), "w") as f:
+        json.dump({"meta": meta, "results": rows, "table": table, "targets": targets}, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(a.out, "compare.svg"), "w") as f:
+        f.write(svg(rows, sizes, depths, meta, get))
+
+
+def svg(rows, sizes, depths, meta, get):
+    pw, ph, ml, mr, mt, mb = 380, 300, 60, 15, 40, 45
+    W = ml + len(depths) * (pw + mr) + 10
+    H = mt + ph + mb + 30 + 18 * len(SYSTEMS)
+    ys = [r["mib_per_sec"] for r in rows if r.get("mib_per_sec")]
+    if not ys or not sizes:
+        return '<svg xmlns="http://www.w3.org/2000/svg" width="200" height="40"><text x="5" y="20">no data</text></svg>\n'
+    lo = 10 ** math.floor(math.log10(min(ys)))
+    hi = 10 ** math.ceil(math.log10(max(ys)))
+    xl, xh = math.log2(sizes[0]), math.log2(sizes[-1])
+    if xh == xl:
+        xh = xl + 1
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{W}" height="{H}" fill="white"/>',
+        f'<text x="{W / 2}" y="18" text-anchor="middle" font-size="14">AES-128-CBC encrypt throughput (MiB/s, log) vs payload size'
+        f' — {meta.get("date", "")}, load {meta.get("load_before", "?")}</text>',
+    ]
+    for i, depth in enumerate(depths):
+        x0 = ml + i * (pw + mr)
+        X = lambda s: x0 + (math.log2(s) - xl) / (xh - xl) * pw
+        Y = lambda v: mt + ph - (math.log10(v) - math.log10(lo)) / (math.log10(hi) - math.log10(lo)) * ph
+        out.append(f'<rect x="{x0}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{mt - 6}" text-anchor="middle" font-size="12">queue depth {depth}</text>')
+        e = int(math.log10(lo))
+        while 10**e <= hi:
+            for m in (1, 2, 5):
+                v = m * 10**e
+                if lo <= v <= hi:
+                    y = Y(v)
+                    out.append(f'<line x1="{x0}" x2="{x0 + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+                    if i == 0:
+                        out.append(f'<text x="{x0 - 4}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>')
+            e += 1
+        for s in sizes:
+            out.append(f'<line x1="{X(s):.1f}" x2="{X(s):.1f}" y1="{mt}" y2="{mt + ph}" stroke="#eee"/>')
+            out.append(f'<text x="{X(s):.1f}" y="{mt + ph + 14}" text-anchor="middle">{s}</text>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{mt + ph + 30}" text-anchor="middle">payload bytes</text>')
+        for key, _, color in SYSTEMS:
+            pts = []
+            for s in sizes:
+                r = get(key, s, depth)
+                if r and r.get("mib_per_sec"):
+                    pts.append((X(s), Y(r["mib_per_sec"])))
+            if not pts:
+                continue
+            dash = ' stroke-dasharray="5,3"' if key in ("openssl", "algos") else ""
+            out.append(
+                f'<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="'
+                + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+                + '"/>'
+            )
+            out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>' for x, y in pts]
+    ly = mt + ph + mb + 10
+    for j, (key, label, color) in enumerate(SYSTEMS):
+        y = ly + 18 * j
+        dash = ' stroke-dasharray="5,3"' if key in ("openssl", "algos") else ""
+        out.append(f'<line x1="{ml}" x2="{ml + 30}" y1="{y}" y2="{y}" stroke="{color}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{ml + 36}" y="{y + 4}">{label}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()
