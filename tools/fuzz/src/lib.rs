@@ -1,0 +1,19 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Structure-aware fuzz harness for vhost-user-crypto.
+//!
+//! Shared by the libFuzzer targets in `fuzz_targets/` and by the main
+//! workspace's `tests/fuzz_corpus.rs`, which includes this file as a module
+//! (`#[path]`) and replays the corpus without a fuzzer. Module paths here
+//! are therefore relative (`super::`), never `crate::`.
+//!
+//! * [`reader`]: byte decoding (any input is valid) and the matching encoder;
+//! * [`queue`]: the `queue` target (descriptor rings through `QueueWorker::process`);
+//! * [`session`]: the `session` target (session messages, `handle_create`, the registry);
+//! * [`seeds`]: the seed corpus, built from the hostile-guest cases;
+//! * [`alloc`]: the counting allocator behind the zero-allocation check.
+
+pub mod alloc;
+pub mod queue;
+pub mod reader;
+pub mod seeds;
+pub mod session;
