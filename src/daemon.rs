@@ -72,7 +72,19 @@ pub fn bind_listener(path: &Path) -> Result<UnixListener, Error> {
         }
         Err(_) => {}
     }
-    UnixListener::bind(path).map_err(|e| Error::Socket(path.into(), e))
+    // Bind (and listen) under a temporary name, then rename: the socket
+    // file appears only once it accepts connections, so a frontend started
+    // as soon as it exists (QEMU, a test) never meets ECONNREFUSED.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(|e| Error::Socket(path.into(), e))?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::Socket(path.into(), e));
+    }
+    Ok(listener)
 }
 
 /// Accepts one frontend and serves it until it disconnects.

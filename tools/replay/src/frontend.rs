@@ -511,7 +511,22 @@ impl CryptoFrontend {
     /// # Errors
     /// Connection or negotiation failures.
     pub fn connect(path: &Path, cfg: &FrontendConfig) -> Result<Self, Error> {
-        let sock = UnixStream::connect(path).map_err(|e| Error::Connect(path.display().to_string(), e))?;
+        // A backend that has just bound its socket may not listen yet
+        // (connect then fails with ECONNREFUSED): retry briefly, as rust-vmm
+        // vhost's Frontend::connect does.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let sock = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e)
+                    if e.kind() == io::ErrorKind::ConnectionRefused
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(Error::Connect(path.display().to_string(), e)),
+            }
+        };
         Self::from_stream(sock, cfg)
     }
 
