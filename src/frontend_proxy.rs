@@ -93,6 +93,16 @@ struct Message {
     fds: Vec<File>,
 }
 
+impl Message {
+    /// Sends the message unchanged, its fds attached to its first bytes.
+    fn send_to(&self, sock: &UnixStream) -> io::Result<()> {
+        let mut whole = Vec::with_capacity(VHOST_USER_HDR_SIZE + self.payload.len());
+        whole.extend_from_slice(&self.hdr);
+        whole.extend_from_slice(&self.payload);
+        send_all(sock, &whole, &self.fds)
+    }
+}
+
 impl Drop for Message {
     fn drop(&mut self) {
         // CREATE payloads carry keys.
@@ -171,11 +181,8 @@ pub fn run(
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
         // Whole messages, so a CREATE reply can never land inside one.
         while let Ok(Some(msg)) = recv_message(&backend_r) {
-            let mut whole = Vec::with_capacity(VHOST_USER_HDR_SIZE + msg.payload.len());
-            whole.extend_from_slice(&msg.hdr);
-            whole.extend_from_slice(&msg.payload);
             let w = fw.lock().unwrap_or_else(|e| e.into_inner());
-            if send_all(&w, &whole, &msg.fds).is_err() {
+            if msg.send_to(&w).is_err() {
                 break;
             }
             drop(w);
@@ -328,10 +335,7 @@ fn pump_requests(
                 if expects_reply(request, flags, reply_ack) {
                     owed.owe();
                 }
-                let mut whole = Vec::with_capacity(VHOST_USER_HDR_SIZE + msg.payload.len());
-                whole.extend_from_slice(&msg.hdr);
-                whole.extend_from_slice(&msg.payload);
-                send_all(backend, &whole, &msg.fds)?;
+                msg.send_to(backend)?;
                 if let Some((index, ring)) = track_ring_setup(&mut rings, request, &msg.payload) {
                     // Enable only once the ring has both its kick and its call
                     // eventfd (QEMU sends KICK before CALL): a request done

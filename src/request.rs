@@ -10,8 +10,10 @@
 //! [`ChainWalker::walk`] follows one descriptor chain (direct, or ending in
 //! an indirect table), copying each descriptor out of guest memory once and
 //! translating each non-empty buffer into host segments before anything is
-//! written. [`process_request`] then validates the request against the bytes
-//! actually present and runs the cipher directly on the mapped guest memory.
+//! written. [`prepare`] then validates the request against the bytes
+//! actually present and runs the cipher directly on the mapped guest memory,
+//! or hands a valid encrypt request back as a [`LaneReq`] for
+//! [`run_lanes`] to encrypt together with others of the same key.
 //!
 //! Status policy (`hostile-guest-cases.md`): the first failing check decides,
 //! in this order — header readable (else ERR if a status byte exists, else
@@ -553,20 +555,6 @@ pub struct RequestLimits {
     pub max_request_bytes: u32,
 }
 
-/// Validates and executes the request whose chain `w` has just walked, and
-/// writes its status. Never fails: every problem becomes a status.
-pub fn process_request(w: &ChainWalker, sessions: &Sessions, limits: RequestLimits) -> Completion {
-    match prepare(w, sessions, limits, false) {
-        Prepared::Done(c) => c,
-        // Not reachable with `allow_lane` false; complete it alone anyway.
-        Prepared::Lane(l) => {
-            let c = l.completion();
-            run_lanes(&[Some(l)]);
-            c
-        }
-    }
-}
-
 /// A validated encrypt request whose source and destination each lie in
 /// one contiguous mapped piece (the same memory, or not overlapping), ready
 /// to be encrypted together with others under the same key
@@ -633,7 +621,7 @@ pub fn prepare<'s>(
             });
         }
     }
-    let mut stream = start(v.key, v.direction, &v.iv);
+    let mut stream = v.key.start(v.direction, &v.iv);
     run_cipher(&mut stream, &w.readable, src_off, &w.writable, v.len);
     Prepared::Done(complete(w, Status::Ok, v.len as u32))
 }
@@ -764,8 +752,4 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
         iv,
         len: len as usize,
     })
-}
-
-fn start<'k>(key: &'k AesCbcKey, direction: Direction, iv: &[u8; 16]) -> CbcStream<'k> {
-    key.start(direction, iv)
 }
