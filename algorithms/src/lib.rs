@@ -7,6 +7,9 @@
 //! caller can feed a message whose bytes live in several separate buffers
 //! (descriptor segments) one piece at a time.
 //!
+//! For algorithm chaining, [`mac`] adds HMAC-SHA1 and HMAC-SHA-256
+//! (`ring::hmac`) behind the same build-once, stream-per-request interface.
+//!
 //! The AES and CBC code itself is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
 //! `cipher` 0.4 (AES-NI or VAES when the CPU has them, a constant-time
 //! software fallback otherwise). Key schedules are zeroized when dropped
@@ -23,6 +26,9 @@ use cipher::{BlockDecryptMut, BlockEncryptMut, KeyInit};
 use std::fmt;
 
 pub use cipher;
+
+pub mod mac;
+pub use mac::{MacAlg, MacError, MacKey, MacStream, MAX_MAC_LEN};
 
 /// AES block size in bytes (FIPS 197).
 pub const AES_BLOCK_SIZE: usize = 16;
