@@ -7,6 +7,12 @@
 //! * device-readable: header (72 bytes) | IV (`iv_len`) | src (`src_data_len`) | …
 //! * device-writable: dst (`dst_data_len`) | … | status (the **last** writable byte)
 //!
+//! An algorithm-chaining request (cipher + HMAC, spec §5.9.7.2.1
+//! `virtio_crypto_alg_chain_data_vlf`) has the same readable stream (with
+//! `aad_len` = 0, the only value accepted) and the digest after dst:
+//!
+//! * device-writable: dst (`dst_data_len`) | hash result (`hash_result_len`) | … | status
+//!
 //! [`ChainWalker::walk`] follows one descriptor chain (direct, or ending in
 //! an indirect table), copying each descriptor out of guest memory once and
 //! translating each non-empty buffer into host segments before anything is
@@ -23,13 +29,14 @@
 use std::ptr;
 
 use algorithms::cipher::inout::InOutBuf;
-use algorithms::{cbc_encrypt_multi, AesCbcKey, CbcStream, Direction, Lane, MAX_LANES};
+use algorithms::{cbc_encrypt_multi, AesCbcKey, CbcStream, Direction, Lane, MacKey, MAX_LANES, MAX_MAC_LEN};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::sessions::Sessions;
 use crate::wire::{
-    OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_DECRYPT,
-    VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+    AlgChainPara, OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC,
+    VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING,
+    VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
 /// Guest memory type used by the daemon (no dirty-page bitmap).
@@ -474,7 +481,7 @@ impl<'a> Cursor<'a> {
 }
 
 /// Runs the cipher from the readable stream at `src_off` into the writable
-/// stream at 0 for `len` bytes (a multiple of 16), in place on guest memory.
+/// stream at `dst_off` for `len` bytes (a multiple of 16), in place on guest memory.
 ///
 /// Where a source piece and a destination piece are both contiguous, the
 /// cipher runs directly on them (same memory: in place; disjoint: buffer to
@@ -494,10 +501,11 @@ fn run_cipher(
     readable: &[Segment],
     src_off: usize,
     writable: &[Segment],
+    dst_off: usize,
     len: usize,
 ) {
     let mut src = Cursor::new(readable, src_off);
-    let mut dst = Cursor::new(writable, 0);
+    let mut dst = Cursor::new(writable, dst_off);
     let mut left = len;
     while left > 0 {
         let (sp, sl) = src.chunk();
@@ -605,6 +613,9 @@ pub fn prepare<'s>(
         Err(status) => return Prepared::Done(complete(w, status, 0)),
     };
     let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
+    if let Some(chain) = &v.chain {
+        return Prepared::Done(run_chain(w, &v, chain));
+    }
     if allow_lane && v.direction == Direction::Encrypt {
         let (sp, sl) = Cursor::new(&w.readable, src_off).chunk();
         let (dp, dl) = Cursor::new(&w.writable, 0).chunk();
@@ -622,7 +633,7 @@ pub fn prepare<'s>(
         }
     }
     let mut stream = v.key.start(v.direction, &v.iv);
-    run_cipher(&mut stream, &w.readable, src_off, &w.writable, v.len);
+    run_cipher(&mut stream, &w.readable, src_off, &w.writable, 0, v.len);
     Prepared::Done(complete(w, Status::Ok, v.len as u32))
 }
 
@@ -695,7 +706,20 @@ struct Valid<'s> {
     key: &'s AesCbcKey,
     direction: Direction,
     iv: [u8; 16],
+    /// `src_data_len` = `dst_data_len`.
     len: usize,
+    chain: Option<Chain<'s>>,
+}
+
+/// The validated chaining part of a request: every range lies inside src
+/// (offsets relative to src, in bytes).
+struct Chain<'s> {
+    mac: &'s MacKey,
+    cipher_off: usize,
+    cipher_len: usize,
+    hash_off: usize,
+    hash_len: usize,
+    digest_len: usize,
 }
 
 fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) -> Result<Valid<'s>, Status> {
@@ -712,7 +736,14 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
         VIRTIO_CRYPTO_CIPHER_DECRYPT => Direction::Decrypt,
         _ => return Err(Status::NotSupp),
     };
-    if h.op_type != VIRTIO_CRYPTO_SYM_OP_CIPHER {
+    let chain_para = match h.op_type {
+        VIRTIO_CRYPTO_SYM_OP_CIPHER => None,
+        VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING => Some(AlgChainPara::from_bytes(&raw)),
+        _ => return Err(Status::NotSupp),
+    };
+    // AAD is not supported (QEMU and DPDK's guest driver put it before src,
+    // the spec after it; no driver of this device's users sends any).
+    if chain_para.is_some_and(|p| p.aad_len != 0) {
         return Err(Status::NotSupp);
     }
     // Linux leaves header.algo 0 for skcipher requests; the session decides
@@ -729,17 +760,29 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
         return Err(Status::Err);
     }
     if session.direction != direction
+        || session.mac.is_some() != chain_para.is_some()
         || h.iv_len != IV_LEN
         || h.src_data_len != h.dst_data_len
-        || h.src_data_len == 0
-        || h.src_data_len % 16 != 0
         || h.src_data_len > limits.max_request_bytes
     {
         return Err(Status::Err);
     }
     let len = u64::from(h.src_data_len);
+    let (chain, digest_len) = match (chain_para, &session.mac) {
+        (Some(p), Some(mac)) => {
+            let c = check_chain(&p, mac, len)?;
+            let d = c.digest_len as u64;
+            (Some(c), d)
+        }
+        _ => {
+            if len == 0 || len % 16 != 0 {
+                return Err(Status::Err);
+            }
+            (None, 0)
+        }
+    };
     let src_off = OP_DATA_REQ_SIZE as u64 + u64::from(IV_LEN);
-    if w.readable_len < src_off + len || w.writable_len < len + 1 {
+    if w.readable_len < src_off + len || w.writable_len < len + digest_len + 1 {
         return Err(Status::Err);
     }
     let mut iv = [0u8; 16];
@@ -751,5 +794,146 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
         direction,
         iv,
         len: len as usize,
+        chain,
     })
+}
+
+/// Checks the chaining fields against src (`src_len` bytes) and the
+/// session: both ranges inside src (sums in 64 bits, so no field can wrap
+/// them), the cipher range whole AES blocks, and the request's
+/// `hash_result_len` equal to the session's digest length (so never longer
+/// than the hash). Any failure is ERR (DPDK's `vhost_crypto_check_chain_request`
+/// class of checks, CVE-2020-14376; protocol reference §5.3).
+fn check_chain<'s>(p: &AlgChainPara, mac: &'s MacKey, src_len: u64) -> Result<Chain<'s>, Status> {
+    let cipher_end = u64::from(p.cipher_start_src_offset) + u64::from(p.len_to_cipher);
+    let hash_end = u64::from(p.hash_start_src_offset) + u64::from(p.len_to_hash);
+    if cipher_end > src_len
+        || hash_end > src_len
+        || p.len_to_cipher % 16 != 0
+        || p.hash_result_len as usize != mac.digest_len()
+    {
+        return Err(Status::Err);
+    }
+    Ok(Chain {
+        mac,
+        cipher_off: p.cipher_start_src_offset as usize,
+        cipher_len: p.len_to_cipher as usize,
+        hash_off: p.hash_start_src_offset as usize,
+        hash_len: p.len_to_hash as usize,
+        digest_len: p.hash_result_len as usize,
+    })
+}
+
+/// Runs a validated chaining request on guest memory and writes its status.
+///
+/// * Encrypt (CIPHER_THEN_HASH): dst = src with the cipher range
+///   encrypted, then the MAC of dst's hash range is written to the hash
+///   result (generate).
+/// * Decrypt (HASH_THEN_CIPHER): the MAC of src's hash range is compared,
+///   in constant time, with the digest the driver put in the hash result
+///   (verify, as DPDK's vhost-crypto does); on a mismatch the request
+///   completes with ERR and dst is not touched. Otherwise dst = src with
+///   the cipher range decrypted.
+///
+/// dst bytes outside the cipher range carry the src bytes. Used length on
+/// success is `dst_data_len + hash_result_len + 1` in both directions
+/// (DPDK's convention); 1 on a digest mismatch.
+fn run_chain(w: &ChainWalker, v: &Valid<'_>, c: &Chain<'_>) -> Completion {
+    let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
+    let mut digest = [0u8; MAX_MAC_LEN];
+    let digest = &mut digest[..c.digest_len];
+    if v.direction == Direction::Decrypt {
+        let mut mac = c.mac.start();
+        feed_mac(&mut mac, &w.readable, src_off + c.hash_off, c.hash_len);
+        // The expected digest is read once into a local copy.
+        if !gather(&w.writable, v.len, digest) || !mac.verify_truncated(digest) {
+            return complete(w, Status::Err, 0);
+        }
+    }
+    // dst outside the cipher range: the src bytes (a no-op when in place).
+    let cipher_end = c.cipher_off + c.cipher_len;
+    copy_streams(&w.readable, src_off, &w.writable, 0, c.cipher_off);
+    copy_streams(
+        &w.readable,
+        src_off + cipher_end,
+        &w.writable,
+        cipher_end,
+        v.len - cipher_end,
+    );
+    let mut stream = v.key.start(v.direction, &v.iv);
+    run_cipher(
+        &mut stream,
+        &w.readable,
+        src_off + c.cipher_off,
+        &w.writable,
+        c.cipher_off,
+        c.cipher_len,
+    );
+    if v.direction == Direction::Encrypt {
+        let mut mac = c.mac.start();
+        feed_mac(&mut mac, &w.writable, c.hash_off, c.hash_len);
+        mac.finish_into(digest);
+        scatter(&w.writable, v.len, digest);
+    }
+    complete(w, Status::Ok, (v.len + c.digest_len) as u32)
+}
+
+/// Feeds `len` bytes of a segment stream from `off` to a MAC.
+fn feed_mac(mac: &mut algorithms::MacStream, segs: &[Segment], off: usize, len: usize) {
+    let mut cur = Cursor::new(segs, off);
+    let mut left = len;
+    while left > 0 {
+        let (p, n) = cur.chunk();
+        let n = n.min(left);
+        if n == 0 {
+            return;
+        }
+        // SAFETY: p is mapped for n bytes while the memory guard is held; the
+        // guest may change them concurrently, which only changes its own MAC.
+        mac.update(unsafe { std::slice::from_raw_parts(p as *const u8, n) });
+        cur.advance(n);
+        left -= n;
+    }
+}
+
+/// Copies `len` bytes from the readable stream at `src_off` to the
+/// writable stream at `dst_off`, piece by piece (`memmove`, so a piece
+/// copied onto itself — in-place requests — is harmless).
+fn copy_streams(readable: &[Segment], src_off: usize, writable: &[Segment], dst_off: usize, len: usize) {
+    let mut src = Cursor::new(readable, src_off);
+    let mut dst = Cursor::new(writable, dst_off);
+    let mut left = len;
+    while left > 0 {
+        let (sp, sl) = src.chunk();
+        let (dp, dl) = dst.chunk();
+        let n = sl.min(dl).min(left);
+        if n == 0 {
+            return;
+        }
+        // SAFETY: sp is mapped for n (≤ sl) bytes and dp for n (≤ dl) bytes
+        // of a device-writable buffer, both while the memory guard is held;
+        // `ptr::copy` allows them to overlap.
+        unsafe { ptr::copy(sp, dp, n) };
+        src.advance(n);
+        dst.advance(n);
+        left -= n;
+    }
+}
+
+/// Writes `data` into a segment stream at `off` (the caller has checked
+/// the stream is long enough).
+fn scatter(segs: &[Segment], off: usize, data: &[u8]) {
+    let mut cur = Cursor::new(segs, off);
+    let mut done = 0;
+    while done < data.len() {
+        let (p, n) = cur.chunk();
+        let n = n.min(data.len() - done);
+        if n == 0 {
+            return;
+        }
+        // SAFETY: p is mapped for n bytes of a device-writable buffer; data is local.
+        unsafe { ptr::copy_nonoverlapping(data[done..].as_ptr(), p, n) };
+        cur.advance(n);
+        done += n;
+    }
 }

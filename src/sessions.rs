@@ -22,26 +22,37 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use algorithms::{AesCbcKey, Direction};
+use algorithms::{AesCbcKey, Direction, MacAlg, MacKey};
 use log::{debug, warn};
 
 use crate::session_msg::SymSessionInfo;
+use crate::session_msg::MAX_AUTH_KEY_LEN;
 use crate::wire::{
-    Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION, VIRTIO_CRYPTO_OP_DECRYPT,
-    VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+    Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION, VIRTIO_CRYPTO_MAC_HMAC_SHA1,
+    VIRTIO_CRYPTO_MAC_HMAC_SHA_256, VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT,
+    VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH, VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
+    VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH, VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING, VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
 /// Largest table capacity reserved up front (more sessions still work, the
 /// table then grows on CREATE, never on a data request).
 const MAX_PRERESERVED: usize = 4096;
 
-/// One cipher session as the data path sees it.
+/// One session as the data path sees it: a cipher session, or an
+/// algorithm-chaining session (cipher plus HMAC).
 #[derive(Debug, Clone)]
 pub struct Session {
     /// The direction the session was created for.
     pub direction: Direction,
     /// The expanded key schedule.
     pub key: AesCbcKey,
+    /// For an ALGORITHM_CHAINING session, the HMAC key and tag length. The
+    /// order follows from `direction`: encrypt sessions are
+    /// CIPHER_THEN_HASH (MAC generated over the output), decrypt sessions
+    /// HASH_THEN_CIPHER (MAC verified over the input), the two
+    /// combinations drivers use and DPDK's vhost-crypto implements
+    /// (`lib/vhost/vhost_crypto.c`, protocol reference §5.7).
+    pub mac: Option<MacKey>,
 }
 
 /// Per-connection session registry (the session-message side).
@@ -77,14 +88,23 @@ impl SessionRegistry {
     }
 
     /// Handles a CREATE: returns the new session id (≥ 1), or a negative
-    /// virtio-crypto status (−NOTSUPP for an unsupported opcode, op_type or
-    /// algorithm, −ERR for a bad key length or direction, −NOSPC when
-    /// `max_sessions` are live). QEMU turns any negative value into
-    /// `VIRTIO_CRYPTO_ERR` for the guest (`cryptodev-vhost-user.c`).
+    /// virtio-crypto status (−NOTSUPP for an unsupported opcode, op_type,
+    /// algorithm, hash mode, chaining order or AAD, −ERR for a bad key
+    /// length, digest length or direction, −NOSPC when `max_sessions` are
+    /// live). QEMU turns any negative value into `VIRTIO_CRYPTO_ERR` for
+    /// the guest (`cryptodev-vhost-user.c`).
+    ///
+    /// Cipher sessions (`op_type` CIPHER): AES-CBC with a 16, 24 or 32-byte
+    /// key. Chaining sessions (`op_type` ALGORITHM_CHAINING, spec §5.9.7.2.1):
+    /// the same cipher plus `hash_mode` AUTH with HMAC_SHA1 or HMAC_SHA_256,
+    /// an auth key of 0 to 512 bytes, a digest of 1 up to the hash size,
+    /// `aad_len` 0, and either encrypt + CIPHER_THEN_HASH or decrypt +
+    /// HASH_THEN_CIPHER.
     pub fn create(&mut self, info: &SymSessionInfo) -> i64 {
         let neg = |s: Status| -(s as i64);
+        let op_type = u32::from(info.op_type);
         if info.op_code != VIRTIO_CRYPTO_CIPHER_CREATE_SESSION
-            || u32::from(info.op_type) != VIRTIO_CRYPTO_SYM_OP_CIPHER
+            || (op_type != VIRTIO_CRYPTO_SYM_OP_CIPHER && op_type != VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING)
             || info.cipher_alg != VIRTIO_CRYPTO_CIPHER_AES_CBC
         {
             debug!(
@@ -100,6 +120,14 @@ impl SessionRegistry {
                 debug!("CREATE_CRYPTO_SESSION refused: direction {d}");
                 return neg(Status::Err);
             }
+        };
+        let mac = if op_type == VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING {
+            match chain_mac(info, direction) {
+                Ok(m) => Some(m),
+                Err(s) => return neg(s),
+            }
+        } else {
+            None
         };
         let Some(key) = info.cipher_key().and_then(|k| AesCbcKey::new(k).ok()) else {
             debug!("CREATE_CRYPTO_SESSION refused: key_len {}", info.key_len);
@@ -119,13 +147,14 @@ impl SessionRegistry {
         let id = self.next_id;
         self.next_id += 1;
         self.live.insert(id);
-        let session = Session { direction, key };
+        let session = Session { direction, key, mac };
         for t in &self.tables {
             t.lock().map.insert(id, session.clone());
         }
         debug!(
-            "session {id} created ({direction:?}, {} bits)",
-            session.key.key_bits()
+            "session {id} created ({direction:?}, {} bits, mac {:?})",
+            session.key.key_bits(),
+            session.mac.as_ref().map(|m| (m.alg(), m.digest_len()))
         );
         id as i64
     }
@@ -143,6 +172,55 @@ impl SessionRegistry {
         debug!("session {id} closed");
         true
     }
+}
+
+/// Checks the chaining part of a CREATE and builds its MAC key (the raw
+/// auth key bytes stay in the message's zeroizing buffer).
+fn chain_mac(info: &SymSessionInfo, direction: Direction) -> Result<MacKey, Status> {
+    let alg = match info.hash_alg {
+        VIRTIO_CRYPTO_MAC_HMAC_SHA1 => Some(MacAlg::HmacSha1),
+        VIRTIO_CRYPTO_MAC_HMAC_SHA_256 => Some(MacAlg::HmacSha256),
+        _ => None,
+    };
+    let order_ok = matches!(
+        (direction, info.alg_chain_order),
+        (
+            Direction::Encrypt,
+            VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH
+        ) | (
+            Direction::Decrypt,
+            VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER
+        )
+    );
+    let alg = match alg {
+        Some(a) if info.hash_mode == VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH && order_ok && info.aad_len == 0 => a,
+        _ => {
+            debug!(
+            "CREATE_CRYPTO_SESSION refused: hash_mode {} hash_alg {} order {} direction {direction:?} aad_len {}",
+            info.hash_mode, info.hash_alg, info.alg_chain_order, info.aad_len
+            );
+            return Err(Status::NotSupp);
+        }
+    };
+    let auth_key_len = info.auth_key_len as usize;
+    let Some(auth_key) = info
+        .auth_key
+        .get(..auth_key_len)
+        .filter(|_| auth_key_len <= MAX_AUTH_KEY_LEN)
+    else {
+        debug!(
+            "CREATE_CRYPTO_SESSION refused: auth_key_len {}",
+            info.auth_key_len
+        );
+        return Err(Status::Err);
+    };
+    MacKey::new(alg, auth_key, info.hash_result_len as usize).map_err(|_| {
+        debug!(
+            "CREATE_CRYPTO_SESSION refused: hash_result_len {}",
+            info.hash_result_len
+        );
+        Status::Err
+    })
 }
 
 /// The sessions one queue can use, as the data path sees them while its
@@ -256,13 +334,82 @@ mod tests {
         assert_eq!(reg.create(&i), -3, "AES-CTR not supported");
         let mut i = info(16, 1);
         i.op_type = 2;
-        assert_eq!(reg.create(&i), -3, "chaining not supported yet");
+        assert_eq!(reg.create(&i), -3, "chaining without hash_mode AUTH");
         let mut i = info(16, 1);
         i.op_code = 0x404;
         assert_eq!(reg.create(&i), -3, "akcipher");
         assert_eq!(reg.create(&info(16, 1)), 1);
         assert_eq!(reg.create(&info(16, 1)), -5, "table full");
         assert_eq!(reg.len(), 1);
+    }
+
+    fn chain(direction: u8, order: u8, hash_alg: u32, auth_key_len: u32, digest: u32) -> SymSessionInfo {
+        let mut i = info(16, direction);
+        i.op_type = 2;
+        i.hash_mode = 2;
+        i.alg_chain_order = order;
+        i.hash_alg = hash_alg;
+        i.auth_key_len = auth_key_len;
+        i.hash_result_len = digest;
+        i
+    }
+
+    #[test]
+    fn chaining_sessions() {
+        let (mut reg, tables) = session_set(64, 1);
+        // encrypt + CIPHER_THEN_HASH (2), decrypt + HASH_THEN_CIPHER (1).
+        assert_eq!(reg.create(&chain(1, 2, 2, 20, 12)), 1);
+        assert_eq!(reg.create(&chain(2, 1, 4, 512, 32)), 2);
+        assert_eq!(
+            reg.create(&chain(1, 2, 4, 0, 1)),
+            3,
+            "empty auth key, 1-byte digest"
+        );
+        {
+            let t = tables[0].lock();
+            let m = t.get(1).unwrap().mac.as_ref().unwrap();
+            assert_eq!((m.alg(), m.digest_len()), (MacAlg::HmacSha1, 12));
+            let m = t.get(2).unwrap().mac.as_ref().unwrap();
+            assert_eq!((m.alg(), m.digest_len()), (MacAlg::HmacSha256, 32));
+        }
+        // The other two combinations, other MACs, other hash modes, AAD: NOTSUPP.
+        assert_eq!(
+            reg.create(&chain(1, 1, 2, 20, 20)),
+            -3,
+            "encrypt + HASH_THEN_CIPHER"
+        );
+        assert_eq!(
+            reg.create(&chain(2, 2, 2, 20, 20)),
+            -3,
+            "decrypt + CIPHER_THEN_HASH"
+        );
+        assert_eq!(reg.create(&chain(1, 0, 2, 20, 20)), -3, "order 0");
+        for alg in [0, 1, 3, 5, 6, 26] {
+            assert_eq!(reg.create(&chain(1, 2, alg, 20, 16)), -3, "mac {alg}");
+        }
+        for mode in [0, 1, 3] {
+            let mut i = chain(1, 2, 2, 20, 20);
+            i.hash_mode = mode;
+            assert_eq!(reg.create(&i), -3, "hash_mode {mode}");
+        }
+        let mut i = chain(1, 2, 2, 20, 20);
+        i.aad_len = 8;
+        assert_eq!(reg.create(&i), -3, "aad");
+        // Bad lengths: ERR.
+        assert_eq!(reg.create(&chain(1, 2, 2, 513, 20)), -1, "auth key 513");
+        assert_eq!(reg.create(&chain(1, 2, 2, u32::MAX, 20)), -1, "auth key 2^32-1");
+        assert_eq!(reg.create(&chain(1, 2, 2, 20, 0)), -1, "digest 0");
+        assert_eq!(reg.create(&chain(1, 2, 2, 20, 21)), -1, "digest > SHA-1");
+        assert_eq!(reg.create(&chain(1, 2, 4, 20, 33)), -1, "digest > SHA-256");
+        let mut i = chain(1, 2, 2, 20, 20);
+        i.key_len = 20;
+        assert_eq!(reg.create(&i), -1, "cipher key 20");
+        // A cipher session carries no MAC whatever its hash fields say.
+        let mut i = chain(1, 2, 2, 20, 20);
+        i.op_type = 1;
+        assert_eq!(reg.create(&i), 4);
+        assert!(tables[0].lock().get(4).unwrap().mac.is_none());
+        assert_eq!(reg.len(), 4);
     }
 
     #[test]

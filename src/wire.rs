@@ -39,6 +39,25 @@ pub const VIRTIO_CRYPTO_SYM_OP_CIPHER: u32 = 1;
 /// Symmetric op_type: cipher + hash chaining (`VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING`).
 pub const VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING: u32 = 2;
 
+/// Hash mode of a chaining session: plain hash (`VIRTIO_CRYPTO_SYM_HASH_MODE_PLAIN`).
+pub const VIRTIO_CRYPTO_SYM_HASH_MODE_PLAIN: u8 = 1;
+/// Hash mode of a chaining session: MAC with an auth key (`VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH`).
+pub const VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH: u8 = 2;
+/// Hash mode of a chaining session: nested (`VIRTIO_CRYPTO_SYM_HASH_MODE_NESTED`).
+pub const VIRTIO_CRYPTO_SYM_HASH_MODE_NESTED: u8 = 3;
+
+/// Chaining order: MAC the input, then run the cipher
+/// (`VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER`).
+pub const VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER: u8 = 1;
+/// Chaining order: run the cipher, then MAC its output
+/// (`VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH`).
+pub const VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH: u8 = 2;
+
+/// MAC algorithm: HMAC-SHA1 (spec §5.9.5, `VIRTIO_CRYPTO_MAC_HMAC_SHA1`).
+pub const VIRTIO_CRYPTO_MAC_HMAC_SHA1: u32 = 2;
+/// MAC algorithm: HMAC-SHA-256 (`VIRTIO_CRYPTO_MAC_HMAC_SHA_256`).
+pub const VIRTIO_CRYPTO_MAC_HMAC_SHA_256: u32 = 4;
+
 /// Request status (spec §5.9.7.1, `virtio_crypto_inhdr.status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -74,6 +93,18 @@ pub mod offsets {
     pub const SRC_DATA_LEN: usize = 28;
     /// `cipher_para.dst_data_len` (le32).
     pub const DST_DATA_LEN: usize = 32;
+    /// `alg_chain_data_para.cipher_start_src_offset` (le32).
+    pub const CIPHER_START_SRC_OFFSET: usize = 36;
+    /// `alg_chain_data_para.len_to_cipher` (le32).
+    pub const LEN_TO_CIPHER: usize = 40;
+    /// `alg_chain_data_para.hash_start_src_offset` (le32).
+    pub const HASH_START_SRC_OFFSET: usize = 44;
+    /// `alg_chain_data_para.len_to_hash` (le32).
+    pub const LEN_TO_HASH: usize = 48;
+    /// `alg_chain_data_para.aad_len` (le32).
+    pub const AAD_LEN: usize = 52;
+    /// `alg_chain_data_para.hash_result_len` (le32).
+    pub const HASH_RESULT_LEN: usize = 56;
     /// `sym_req.op_type` (le32).
     pub const OP_TYPE: usize = 64;
 }
@@ -133,6 +164,57 @@ impl OpDataReq {
     }
 }
 
+/// The algorithm-chaining fields of a data request header
+/// (`virtio_crypto_alg_chain_data_para`, spec §5.9.7.2.1, protocol
+/// reference §3.2), decoded from a local 72-byte copy. They sit where a
+/// plain cipher request has zero padding; `iv_len`, `src_data_len` and
+/// `dst_data_len` are shared with [`OpDataReq`]. All offsets and lengths
+/// are in bytes, offsets relative to the start of src.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AlgChainPara {
+    /// First src byte the cipher covers.
+    pub cipher_start_src_offset: u32,
+    /// Bytes the cipher covers.
+    pub len_to_cipher: u32,
+    /// First src byte the MAC covers.
+    pub hash_start_src_offset: u32,
+    /// Bytes the MAC covers.
+    pub len_to_hash: u32,
+    /// Additional authenticated data length (this device accepts 0 only).
+    pub aad_len: u32,
+    /// Digest bytes in the hash-result buffer.
+    pub hash_result_len: u32,
+}
+
+impl AlgChainPara {
+    /// Decodes the chaining fields from the 72 header bytes.
+    pub fn from_bytes(b: &[u8; OP_DATA_REQ_SIZE]) -> Self {
+        AlgChainPara {
+            cipher_start_src_offset: le32(b, offsets::CIPHER_START_SRC_OFFSET),
+            len_to_cipher: le32(b, offsets::LEN_TO_CIPHER),
+            hash_start_src_offset: le32(b, offsets::HASH_START_SRC_OFFSET),
+            len_to_hash: le32(b, offsets::LEN_TO_HASH),
+            aad_len: le32(b, offsets::AAD_LEN),
+            hash_result_len: le32(b, offsets::HASH_RESULT_LEN),
+        }
+    }
+
+    /// Writes the chaining fields into a header built by
+    /// [`OpDataReq::to_bytes`] (tests and the replay tool).
+    pub fn write_to(&self, b: &mut [u8; OP_DATA_REQ_SIZE]) {
+        for (off, v) in [
+            (offsets::CIPHER_START_SRC_OFFSET, self.cipher_start_src_offset),
+            (offsets::LEN_TO_CIPHER, self.len_to_cipher),
+            (offsets::HASH_START_SRC_OFFSET, self.hash_start_src_offset),
+            (offsets::LEN_TO_HASH, self.len_to_hash),
+            (offsets::AAD_LEN, self.aad_len),
+            (offsets::HASH_RESULT_LEN, self.hash_result_len),
+        ] {
+            b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +252,31 @@ mod tests {
             }
         );
         assert_eq!(h.to_bytes(), b);
+    }
+
+    #[test]
+    fn chain_fields_at_reference_offsets() {
+        // Offsets 36..60 from the protocol reference §3.2 table.
+        let mut b = [0u8; 72];
+        for (i, off) in [36, 40, 44, 48, 52, 56].into_iter().enumerate() {
+            b[off] = 0x10 + i as u8;
+            b[off + 3] = 0xa0 + i as u8;
+        }
+        let p = AlgChainPara::from_bytes(&b);
+        assert_eq!(
+            p,
+            AlgChainPara {
+                cipher_start_src_offset: 0xa000_0010,
+                len_to_cipher: 0xa100_0011,
+                hash_start_src_offset: 0xa200_0012,
+                len_to_hash: 0xa300_0013,
+                aad_len: 0xa400_0014,
+                hash_result_len: 0xa500_0015,
+            }
+        );
+        let mut c = [0u8; 72];
+        p.write_to(&mut c);
+        assert_eq!(c, b);
+        assert_eq!(VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING, 2);
     }
 }

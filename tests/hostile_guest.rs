@@ -482,7 +482,8 @@ fn h04_unadvertised_service_opcode_op_type_algo() {
     ] {
         headers.push(hdr(opcode, E, 64, 64));
     }
-    for op_type in [0, 2, 5, 0xFFFF_FFFF] {
+    // op_type 2 (ALGORITHM_CHAINING) is supported: see tests/chaining.rs.
+    for op_type in [0, 3, 5, 0xFFFF_FFFF] {
         let mut h = hdr(ENCRYPT, E, 64, 64);
         h.op_type = op_type;
         headers.push(h);
@@ -497,6 +498,13 @@ fn h04_unadvertised_service_opcode_op_type_algo() {
         let u = vm.submit(&b);
         vm.assert_failed(u, NOTSUPP);
     }
+    // A chaining request naming a plain cipher session: the op_type is
+    // supported, the session does not fit it: ERR.
+    let mut h = hdr(ENCRYPT, E, 64, 64);
+    h.op_type = 2;
+    let b = vm.stage(&h, &NIST_PT);
+    let u = vm.submit(&b);
+    vm.assert_failed(u, ERR);
     // algo = AES_CBC (3) is the session's algorithm: served.
     let mut h = hdr(ENCRYPT, E, 64, 64);
     h.algo = 3;

@@ -271,6 +271,12 @@ struct Fields {
     op_type: u8,
     direction: u8,
     key: Vec<u8>,
+    hash_alg: u32,
+    hash_result_len: u32,
+    auth_key_len: u32,
+    aad_len: u32,
+    hash_mode: u8,
+    alg_chain_order: u8,
 }
 
 fn model_layout(p: &[u8], choice: AbiChoice) -> Option<SessionAbi> {
@@ -304,6 +310,12 @@ fn model_fields(p: &[u8], abi: SessionAbi) -> Fields {
         op_type: p[s + 24],
         direction: p[s + 25],
         key: p[KEY_AT..KEY_AT + 64].to_vec(),
+        hash_alg: le32(p, s + 8),
+        hash_result_len: le32(p, s + 12),
+        auth_key_len: le32(p, s + 16),
+        aad_len: le32(p, s + 20),
+        hash_mode: p[s + 26],
+        alg_chain_order: p[s + 27],
     }
 }
 
@@ -318,7 +330,7 @@ impl Model {
     /// The id (or negative status) a CREATE must get, per the registry's
     /// documented policy.
     fn create(&mut self, f: &Fields) -> i64 {
-        if f.op_code != 2 || f.op_type != 1 || f.cipher_alg != 3 {
+        if f.op_code != 2 || !matches!(f.op_type, 1 | 2) || f.cipher_alg != 3 {
             return -3;
         }
         let direction = match f.direction {
@@ -326,6 +338,22 @@ impl Model {
             2 => Direction::Decrypt,
             _ => return -1,
         };
+        if f.op_type == 2 {
+            // Chaining: HMAC-SHA1 (2) / HMAC-SHA-256 (4), hash_mode AUTH,
+            // encrypt + CIPHER_THEN_HASH (2) or decrypt + HASH_THEN_CIPHER (1), no AAD.
+            let full = match f.hash_alg {
+                2 => 20,
+                4 => 32,
+                _ => return -3,
+            };
+            let order = if direction == Direction::Encrypt { 2 } else { 1 };
+            if f.hash_mode != 2 || f.alg_chain_order != order || f.aad_len != 0 {
+                return -3;
+            }
+            if f.auth_key_len > 512 || f.hash_result_len == 0 || f.hash_result_len > full {
+                return -1;
+            }
+        }
         if !matches!(f.key_len, 16 | 24 | 32) {
             return -1;
         }
