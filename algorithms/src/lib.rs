@@ -268,47 +268,68 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         use cipher::typenum::Unsigned;
         let par = B::ParBlocksSize::USIZE;
         let lanes = self.lanes;
-        let longest = lanes
-            .iter()
-            .map(|l| l.buf.len() / AES_BLOCK_SIZE)
-            .max()
-            .unwrap_or(0);
+        let nl = lanes.len().min(MAX_LANES);
+        // Chaining values and lengths in locals: the hot loop below works
+        // on 128-bit words, not byte by byte.
+        let mut state = [0u128; MAX_LANES];
+        let mut blocks = [0usize; MAX_LANES];
+        for (i, l) in lanes.iter().enumerate().take(nl) {
+            state[i] = u128::from_le_bytes(l.iv);
+            blocks[i] = l.buf.len() / AES_BLOCK_SIZE;
+        }
+        let longest = blocks.iter().copied().max().unwrap_or(0);
         // Lane k starts `k * skew` steps late. Guest buffers are often page
         // aligned: without the skew, block j of all lanes (and of their
         // outputs) sits at the same page offset, in the same L1 cache set,
         // and the lanes evict each other. Short messages gain nothing from it.
         let skew = if longest >= 32 { SKEW_BLOCKS } else { 0 };
-        let steps = longest + skew * lanes.len().saturating_sub(1);
+        let steps = longest + skew * nl.saturating_sub(1);
         let mut work = cipher::ParBlocks::<B>::default();
         let mut which = [(0usize, 0usize); MAX_LANES];
         for step in 0..steps {
             let mut n = 0;
-            for (i, lane) in lanes.iter_mut().enumerate() {
+            for i in 0..nl {
                 let Some(block) = step.checked_sub(i * skew) else {
                     continue;
                 };
-                let off = block * AES_BLOCK_SIZE;
-                if off < lane.buf.len() {
-                    let input = &lane.buf.get_in()[off..off + AES_BLOCK_SIZE];
-                    for ((x, p), c) in work[n].iter_mut().zip(input).zip(&lane.iv) {
-                        *x = p ^ c;
+                if block < blocks[i] {
+                    let off = block * AES_BLOCK_SIZE;
+                    let mut p = [0u8; AES_BLOCK_SIZE];
+                    p.copy_from_slice(&lanes[i].buf.get_in()[off..off + AES_BLOCK_SIZE]);
+                    let x = (u128::from_le_bytes(p) ^ state[i]).to_le_bytes();
+                    if par >= MAX_LANES {
+                        work[n].copy_from_slice(&x);
+                    } else {
+                        // A backend with fewer parallel blocks than lanes
+                        // (the software fallback): one block at a time.
+                        let mut b = cipher::Block::<B>::clone_from_slice(&x);
+                        backend.proc_block_inplace(&mut b);
+                        lanes[i].buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(&b);
+                        p.copy_from_slice(&b);
+                        state[i] = u128::from_le_bytes(p);
+                        continue;
                     }
                     which[n] = (i, off);
                     n += 1;
                 }
             }
-            if n == par {
-                backend.proc_par_blocks_inplace(&mut work);
-            } else {
-                for b in work[..n].iter_mut() {
-                    backend.proc_block_inplace(b);
-                }
+            match n {
+                0 => continue,
+                1 => backend.proc_block_inplace(&mut work[0]),
+                // Two lanes or more: the pipelined call costs about the same
+                // as one block alone, whatever the unused blocks hold (their
+                // results are dropped).
+                _ => backend.proc_par_blocks_inplace(&mut work),
             }
             for (b, &(i, off)) in work[..n].iter().zip(&which[..n]) {
-                let lane = &mut lanes[i];
-                lane.buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(b);
-                lane.iv.copy_from_slice(b);
+                lanes[i].buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(b);
+                let mut c = [0u8; AES_BLOCK_SIZE];
+                c.copy_from_slice(b);
+                state[i] = u128::from_le_bytes(c);
             }
+        }
+        for (l, s) in lanes.iter_mut().zip(&state) {
+            l.iv = s.to_le_bytes();
         }
         // The work blocks hold ciphertext, which the lanes have anyway; clear
         // them all the same so no message bytes stay on the stack.
