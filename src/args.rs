@@ -23,6 +23,15 @@ pub enum SessionAbiArg {
     C,
 }
 
+/// Whether the queue workers run under the seccomp allow-list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SeccompArg {
+    /// Install the allow-list on every queue worker (see docs/RELIABILITY.md).
+    On,
+    /// No syscall filtering.
+    Off,
+}
+
 /// vhost-user backend for the virtio-crypto device (AES-CBC).
 ///
 /// Serves one frontend (QEMU's `-object cryptodev-vhost-user`) at a time on
@@ -55,6 +64,18 @@ pub struct Args {
     /// last request before sleeping on kicks again (0: never poll).
     #[arg(long, default_value_t = DEFAULT_POLL_US, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub poll_us: u64,
+
+    /// seccomp allow-list on the queue worker threads; a syscall outside it
+    /// kills the daemon (docs/RELIABILITY.md, "Least privilege").
+    #[arg(long, value_enum, default_value_t = SeccompArg::On)]
+    pub seccomp: SeccompArg,
+
+    /// Refuse guest memory whose file cannot be sealed against shrinking
+    /// (F_SEAL_SHRINK): only memfds made with MFD_ALLOW_SEALING, or already
+    /// sealed, are accepted. Without it such regions are accepted with a
+    /// warning (a frontend truncating them would crash the daemon).
+    #[arg(long)]
+    pub require_sealed_memory: bool,
 }
 
 /// Default of `--poll-us`.
@@ -76,6 +97,8 @@ impl From<Args> for Config {
                 SessionAbiArg::B => AbiChoice::Fixed(SessionAbi::B),
                 SessionAbiArg::C => AbiChoice::Fixed(SessionAbi::C),
             },
+            seccomp: a.seccomp == SeccompArg::On,
+            require_sealed_memory: a.require_sealed_memory,
         }
     }
 }
@@ -91,6 +114,29 @@ mod tests {
         assert_eq!(c.max_sessions, 1024);
         assert_eq!(c.limits.max_request_bytes, 1 << 20);
         assert_eq!(c.session_abi, AbiChoice::Auto);
+        assert!(c.seccomp, "seccomp is on by default");
+        assert!(!c.require_sealed_memory);
+    }
+
+    #[test]
+    fn seccomp_and_sealed_memory_flags() {
+        let parse = |extra: &[&str]| -> Config {
+            let mut argv = vec!["x", "--socket-path", "/s"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).unwrap().into()
+        };
+        assert!(parse(&["--seccomp", "on"]).seccomp);
+        assert!(!parse(&["--seccomp", "off"]).seccomp);
+        assert!(parse(&["--require-sealed-memory"]).require_sealed_memory);
+        for bad in [
+            &["--seccomp"][..],
+            &["--seccomp", "log"],
+            &["--require-sealed-memory=yes"],
+        ] {
+            let mut argv = vec!["x", "--socket-path", "/s"];
+            argv.extend_from_slice(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

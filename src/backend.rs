@@ -1,13 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The `vhost-user-backend` device implementation: feature bits, memory,
 //! and one worker thread per data queue running [`QueueWorker`].
+//!
+//! The worker threads are `vhost-user-backend`'s (`VringEpollHandler::run`,
+//! spawned when the daemon object is made); our code first runs on one in
+//! [`VhostUserBackend::handle_event`]. With a [`WorkerFilter`], that first
+//! call installs it on the thread before anything else (see
+//! [`crate::seccomp`]).
 
+use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use log::{debug, warn};
+use log::{debug, error, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -19,6 +26,7 @@ use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventF
 
 use crate::queue::{QueueWorker, RingAddrs};
 use crate::request::{GuestMemory_, RequestLimits, MAX_QUEUE_SIZE};
+use crate::seccomp::WorkerFilter;
 use crate::sessions::SessionTable;
 
 /// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30).
@@ -42,6 +50,13 @@ pub struct CryptoBackend {
     exit: Vec<(EventConsumer, EventNotifier)>,
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
+    seccomp: Option<WorkerFilter>,
+}
+
+thread_local! {
+    /// Whether this thread has installed the worker filter (a `const`
+    /// thread-local of a `Cell<bool>`: no allocation, no destructor).
+    static FILTERED: Cell<bool> = const { Cell::new(false) };
 }
 
 impl CryptoBackend {
@@ -66,7 +81,36 @@ impl CryptoBackend {
             exit,
             handed_out: Mutex::new(Vec::new()),
             poll,
+            seccomp: None,
         })
+    }
+
+    /// The same backend, whose queue worker threads each install `filter`
+    /// on themselves the first time they run its code.
+    pub fn with_seccomp(mut self, filter: WorkerFilter) -> Self {
+        self.seccomp = Some(filter);
+        self
+    }
+
+    /// Installs the worker filter on the calling worker thread, once.
+    ///
+    /// # Errors
+    /// Installing failed; the caller then serves nothing on this thread
+    /// (fail closed; the daemon checked the filter at start-up, so this
+    /// takes a kernel that changed its mind).
+    fn confine_worker_thread(&self) -> io::Result<()> {
+        let Some(filter) = &self.seccomp else {
+            return Ok(());
+        };
+        if FILTERED.get() {
+            return Ok(());
+        }
+        filter.apply().map_err(|e| {
+            error!("queue worker not started: {e}");
+            io::Error::other(e.to_string())
+        })?;
+        FILTERED.set(true);
+        Ok(())
     }
 
     /// Closes the exit-event descriptors handed to vhost-user-backend.
@@ -207,6 +251,7 @@ impl VhostUserBackend for CryptoBackend {
         vrings: &[VringRwLock],
         thread_id: usize,
     ) -> io::Result<()> {
+        self.confine_worker_thread()?;
         if evset != EventSet::IN {
             warn!("unexpected event set {evset:?} on thread {thread_id}");
             return Ok(());

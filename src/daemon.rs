@@ -18,8 +18,9 @@ use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::backend::CryptoBackend;
-use crate::frontend_proxy::{self, AbiChoice};
+use crate::frontend_proxy::{self, AbiChoice, ProxyConfig};
 use crate::request::{GuestMemory_, RequestLimits};
+use crate::seccomp::WorkerFilter;
 use crate::sessions::session_set;
 
 /// Daemon configuration (from the command line).
@@ -37,6 +38,11 @@ pub struct Config {
     pub session_abi: AbiChoice,
     /// How long a queue worker keeps polling after its last request.
     pub poll: std::time::Duration,
+    /// Whether queue workers run under the seccomp allow-list ([`crate::seccomp`]).
+    pub seccomp: bool,
+    /// Whether guest memory that cannot be sealed against shrinking is
+    /// refused ([`crate::frontend_proxy::ProxyConfig`]).
+    pub require_sealed_memory: bool,
 }
 
 /// Host-side failures (guest errors never get here).
@@ -54,6 +60,9 @@ pub enum Error {
     /// Setting up the per-connection backend failed.
     #[error("cannot set up the backend: {0}")]
     Backend(String),
+    /// The seccomp filter cannot be built or installed here.
+    #[error("seccomp: {0} (--seccomp off runs without it)")]
+    Seccomp(#[from] crate::seccomp::Error),
 }
 
 /// Binds the frontend socket, replacing a stale socket file and refusing
@@ -87,26 +96,40 @@ pub fn bind_listener(path: &Path) -> Result<UnixListener, Error> {
     Ok(listener)
 }
 
-/// Accepts one frontend and serves it until it disconnects.
+/// Accepts one frontend and serves it until it disconnects; with `filter`,
+/// its queue workers run under it.
 ///
 /// # Errors
 /// Host-side failures setting up the connection.
-pub fn serve_one(listener: &UnixListener, config: &Config) -> Result<(), Error> {
+pub fn serve_one(
+    listener: &UnixListener,
+    config: &Config,
+    filter: Option<&WorkerFilter>,
+) -> Result<(), Error> {
     let (frontend, _) = listener
         .accept()
         .map_err(|e| Error::Socket(config.socket_path.clone(), e))?;
     info!("frontend connected");
-    serve_stream(frontend, config)
+    serve_stream(frontend, config, filter)
 }
 
-/// Serves one already-connected frontend until it disconnects.
+/// Serves one already-connected frontend until it disconnects; with
+/// `filter`, its queue workers run under it.
 ///
 /// # Errors
 /// Host-side failures setting up the connection.
-pub fn serve_stream(frontend: UnixStream, config: &Config) -> Result<(), Error> {
+pub fn serve_stream(
+    frontend: UnixStream,
+    config: &Config,
+    filter: Option<&WorkerFilter>,
+) -> Result<(), Error> {
     let be = |e: &dyn std::fmt::Display| Error::Backend(e.to_string());
     let (registry, tables) = session_set(config.max_sessions, config.queues);
-    let backend = Arc::new(CryptoBackend::new(tables, config.limits, config.poll).map_err(|e| be(&e))?);
+    let backend = CryptoBackend::new(tables, config.limits, config.poll).map_err(|e| be(&e))?;
+    let backend = Arc::new(match filter {
+        Some(f) => backend.with_seccomp(f.clone()),
+        None => backend,
+    });
     let mut daemon = VhostUserDaemon::new(
         "vhost-user-crypto".into(),
         backend.clone(),
@@ -128,7 +151,12 @@ pub fn serve_stream(frontend: UnixStream, config: &Config) -> Result<(), Error> 
     drop(listener);
     drop(dir);
 
-    match frontend_proxy::run(frontend, ours, registry, config.session_abi, config.queues) {
+    let proxy = ProxyConfig {
+        abi: config.session_abi,
+        num_queues: config.queues,
+        require_sealed_memory: config.require_sealed_memory,
+    };
+    match frontend_proxy::run(frontend, ours, registry, proxy) {
         Ok(()) => debug!("frontend connection closed cleanly"),
         Err(e) => warn!("frontend connection ended: {e}"),
     }
@@ -144,15 +172,25 @@ pub fn serve_stream(frontend: UnixStream, config: &Config) -> Result<(), Error> 
     Ok(())
 }
 
-/// Runs the daemon forever: bind, then serve frontends one after another.
+/// Runs the daemon forever: check the seccomp filter (unless off), bind,
+/// then serve frontends one after another.
 ///
 /// # Errors
-/// Binding the socket failed.
+/// The seccomp filter does not work here, or binding the socket failed.
 pub fn run(config: &Config) -> Result<(), Error> {
+    let filter = if config.seccomp {
+        let f = WorkerFilter::new()?;
+        f.probe()?;
+        info!("queue workers run under the seccomp allow-list");
+        Some(f)
+    } else {
+        warn!("--seccomp off: queue workers run without a syscall filter");
+        None
+    };
     let listener = bind_listener(&config.socket_path)?;
     info!("listening on {}", config.socket_path.display());
     loop {
-        if let Err(e) = serve_one(&listener, config) {
+        if let Err(e) = serve_one(&listener, config, filter.as_ref()) {
             error!("{e}");
         }
     }

@@ -19,6 +19,11 @@
 //! * `SET_VRING_NUM` and `SET_VRING_BASE` values no split ring can have end
 //!   the connection (the library would accept or truncate them), and so do
 //!   memory regions larger than the file behind them (SIGBUS on access);
+//! * `SET_MEM_TABLE` / `ADD_MEM_REG`: each region's file is sealed against
+//!   shrinking first (`F_SEAL_SHRINK`, added if the memfd allows it), so the
+//!   size checked is the size for good; a file that cannot be sealed is
+//!   accepted with a warning, or ends the connection with
+//!   `--require-sealed-memory` (see [`seal_against_shrinking`]);
 //! * everything else: forwarded unchanged, with its file descriptors.
 //!
 //! Backend-to-frontend bytes (replies) are forwarded unchanged with their
@@ -75,6 +80,17 @@ pub const VHOST_USER_VRING_IDX_MASK: u64 = 0xff;
 pub const MAX_ATTACHED_FDS: usize = 32;
 
 const PROTOCOL_FEATURES_BIT: u64 = 1 << 30;
+
+/// What the layer enforces on one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Layout of CREATE payloads.
+    pub abi: AbiChoice,
+    /// Data queues of the device (rings past them are never enabled).
+    pub num_queues: usize,
+    /// Refuse memory regions whose file cannot be sealed against shrinking.
+    pub require_sealed_memory: bool,
+}
 
 /// Which session layout to use for CREATE messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -169,8 +185,7 @@ pub fn run(
     frontend: UnixStream,
     backend: UnixStream,
     mut registry: SessionRegistry,
-    abi: AbiChoice,
-    num_queues: usize,
+    config: ProxyConfig,
 ) -> io::Result<()> {
     let frontend_w = Arc::new(Mutex::new(frontend.try_clone()?));
     let backend_r = backend.try_clone()?;
@@ -197,15 +212,7 @@ pub fn run(
         let _ = backend_r.shutdown(Shutdown::Both);
     })?;
 
-    let result = pump_requests(
-        &frontend,
-        &backend,
-        &frontend_w,
-        &owed,
-        &mut registry,
-        abi,
-        num_queues,
-    );
+    let result = pump_requests(&frontend, &backend, &frontend_w, &owed, &mut registry, config);
     let _ = backend.shutdown(Shutdown::Both);
     let _ = frontend.shutdown(Shutdown::Both);
     let _ = replies.join();
@@ -271,17 +278,16 @@ fn pump_requests(
     frontend_w: &Mutex<UnixStream>,
     owed: &Owed,
     registry: &mut SessionRegistry,
-    abi: AbiChoice,
-    num_queues: usize,
+    config: ProxyConfig,
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
     let mut acked_protocol: u64 = 0;
-    let mut rings = vec![RingSetup::default(); num_queues];
+    let mut rings = vec![RingSetup::default(); config.num_queues];
     while let Some(msg) = recv_message(frontend)? {
         let (request, flags, _) = decode_header(&msg.hdr);
         match request {
             VHOST_USER_CREATE_CRYPTO_SESSION => {
-                let reply = handle_create(registry, &msg.payload, abi);
+                let reply = handle_create(registry, &msg.payload, config.abi);
                 owed.wait_settled();
                 let w = frontend_w.lock().unwrap_or_else(|e| e.into_inner());
                 send_all(&w, &reply, &[])?;
@@ -322,7 +328,7 @@ fn pump_requests(
                     }
                 }
                 if request == VHOST_USER_SET_MEM_TABLE || request == VHOST_USER_ADD_MEM_REG {
-                    check_memory_regions(request, &msg.payload, &msg.fds)?;
+                    check_memory_regions(request, &msg.payload, &msg.fds, config.require_sealed_memory)?;
                 }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
@@ -354,14 +360,16 @@ fn pump_requests(
     Ok(())
 }
 
-/// Checks that every region of a SET_MEM_TABLE / ADD_MEM_REG fits in the
-/// file behind its descriptor. A region declared larger than its memfd (or
-/// a file truncated later) would make the first access past the end raise
-/// SIGBUS in the daemon. The payload is `VhostUserMemory` (u32 count, u32
-/// padding, then 32-byte regions: guest address, size, frontend address,
-/// mmap offset), or for ADD_MEM_REG an u64 padding and one region
-/// (vhost-user spec, "Memory regions description").
-fn check_memory_regions(request: u32, payload: &[u8], fds: &[File]) -> io::Result<()> {
+/// Seals each region's file of a SET_MEM_TABLE / ADD_MEM_REG against
+/// shrinking where it can ([`seal_against_shrinking`]), then checks that the
+/// region fits in the file. A region declared larger than its file, or a
+/// file truncated later, would make the first access past the end raise
+/// SIGBUS in the daemon. A file that cannot be sealed is refused with
+/// `require_sealed`, and accepted with a warning otherwise. The payload is
+/// `VhostUserMemory` (u32 count, u32 padding, then 32-byte regions: guest
+/// address, size, frontend address, mmap offset), or for ADD_MEM_REG an u64
+/// padding and one region (vhost-user spec, "Memory regions description").
+fn check_memory_regions(request: u32, payload: &[u8], fds: &[File], require_sealed: bool) -> io::Result<()> {
     let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidData, m));
     let regions = if request == VHOST_USER_SET_MEM_TABLE {
         payload.get(8..)
@@ -378,6 +386,21 @@ fn check_memory_regions(request: u32, payload: &[u8], fds: &[File]) -> io::Resul
             // The library refuses a region without a descriptor itself.
             continue;
         };
+        match seal_against_shrinking(file) {
+            ShrinkSeal::Present => {}
+            ShrinkSeal::Added => debug!("memory region {i}: sealed its memfd against shrinking"),
+            ShrinkSeal::Impossible(why) if require_sealed => {
+                return bad(format!(
+                    "memory region {i}: its file cannot be sealed against shrinking ({why}), \
+                     and --require-sealed-memory is set"
+                ));
+            }
+            ShrinkSeal::Impossible(why) => warn!(
+                "memory region {i}: its file cannot be sealed against shrinking ({why}); \
+                 if the frontend truncates it, the daemon dies of SIGBUS (--require-sealed-memory \
+                 refuses such regions)"
+            ),
+        }
         let file_len = file.metadata()?.len();
         if offset.checked_add(size).is_none_or(|end| end > file_len) {
             return bad(format!(
@@ -386,6 +409,55 @@ fn check_memory_regions(request: u32, payload: &[u8], fds: &[File]) -> io::Resul
         }
     }
     Ok(())
+}
+
+/// Whether a guest memory file is protected against shrinking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShrinkSeal {
+    /// `F_SEAL_SHRINK` was set already (QEMU's `memory-backend-memfd` with
+    /// its default `seal=on` sets `F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL`).
+    Present,
+    /// It was not, and [`seal_against_shrinking`] added it.
+    Added,
+    /// The file cannot get it: not a memfd (a `/dev/shm` or hugetlbfs file
+    /// of `memory-backend-file`, anything else), or a memfd made without
+    /// `MFD_ALLOW_SEALING` (`memory-backend-memfd` with `seal=off`). Why,
+    /// for the log.
+    Impossible(String),
+}
+
+/// Makes sure `file` has `F_SEAL_SHRINK`, adding it if the file allows
+/// (memfd_create(2), "File sealing" in fcntl(2)): a sealed file can no
+/// longer be made smaller by anyone, so memory mapped from it cannot turn
+/// into SIGBUS under the daemon. The seal stays on the frontend's file for
+/// good (seals cannot be removed); growing it and punching holes are still
+/// allowed, and a frontend has no reason to shrink guest memory it shares.
+pub fn seal_against_shrinking(file: &File) -> ShrinkSeal {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl(F_GET_SEALS) on a descriptor `file` owns; it takes no
+    // argument and touches no memory of ours.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 {
+        let e = io::Error::last_os_error();
+        return ShrinkSeal::Impossible(format!("no file seals on it: F_GET_SEALS: {e}"));
+    }
+    if seals & libc::F_SEAL_SHRINK != 0 {
+        return ShrinkSeal::Present;
+    }
+    if seals & libc::F_SEAL_SEAL != 0 {
+        return ShrinkSeal::Impossible(
+            "F_SEAL_SEAL is set without F_SEAL_SHRINK (a memfd made without MFD_ALLOW_SEALING, \
+             or a tmpfs or hugetlbfs file)"
+                .into(),
+        );
+    }
+    // SAFETY: fcntl(F_ADD_SEALS) with an int argument on a descriptor `file`
+    // owns; it touches no memory of ours.
+    if unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) } < 0 {
+        let e = io::Error::last_os_error();
+        return ShrinkSeal::Impossible(format!("F_ADD_SEALS(F_SEAL_SHRINK): {e}"));
+    }
+    ShrinkSeal::Added
 }
 
 /// What the frontend has set up for one data ring since it was last stopped.
@@ -512,7 +584,12 @@ mod tests {
         let (front, front_peer) = UnixStream::pair().unwrap();
         let (lib, lib_peer) = UnixStream::pair().unwrap();
         let (registry, _tables) = session_set(8, 1);
-        let thread = Some(thread::spawn(move || run(front_peer, lib_peer, registry, abi, 1)));
+        let config = ProxyConfig {
+            abi,
+            num_queues: 1,
+            require_sealed_memory: false,
+        };
+        let thread = Some(thread::spawn(move || run(front_peer, lib_peer, registry, config)));
         Rig { front, lib, thread }
     }
 
@@ -651,28 +728,104 @@ mod tests {
         assert_eq!(&reply[1064..1072], &(-1i64).to_le_bytes());
     }
 
+    /// SET_MEM_TABLE payload with one region of `size` bytes at file `offset`.
+    fn table(size: u64, offset: u64) -> Vec<u8> {
+        let mut p = vec![1, 0, 0, 0, 0, 0, 0, 0];
+        for w in [0u64, size, 0x7f00_0000_0000, offset] {
+            p.extend_from_slice(&w.to_le_bytes());
+        }
+        p
+    }
+
+    /// A memfd of `len` bytes made with `flags` (besides MFD_CLOEXEC).
+    fn memfd(flags: libc::c_uint, len: u64) -> File {
+        // SAFETY: a valid NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"proxy-test".as_ptr(), libc::MFD_CLOEXEC | flags) };
+        assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+        // SAFETY: a fresh descriptor we own.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        f
+    }
+
+    fn seals(f: &File) -> i32 {
+        // SAFETY: F_GET_SEALS on a descriptor we own.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) }
+    }
+
     #[test]
     fn memory_regions_must_fit_their_files() {
         let f = tempfile::tempfile().unwrap();
         f.set_len(1 << 20).unwrap();
-        let table = |size: u64, offset: u64| {
-            let mut p = vec![1, 0, 0, 0, 0, 0, 0, 0];
-            for w in [0u64, size, 0x7f00_0000_0000, offset] {
-                p.extend_from_slice(&w.to_le_bytes());
-            }
-            p
-        };
         let fds = [f];
-        assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(1 << 20, 0), &fds).is_ok());
-        assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(4096, (1 << 20) - 4096), &fds).is_ok());
-        for (size, offset) in [(2 << 20, 0), (4096, 1 << 20), (u64::MAX, 4096)] {
-            let e = check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(size, offset), &fds).unwrap_err();
-            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{size} at {offset}");
+        for require in [false, true] {
+            let sealable = [memfd(libc::MFD_ALLOW_SEALING, 1 << 20)];
+            let check = |p: &[u8]| check_memory_regions(VHOST_USER_SET_MEM_TABLE, p, &sealable, require);
+            assert!(check(&table(1 << 20, 0)).is_ok());
+            assert!(check(&table(4096, (1 << 20) - 4096)).is_ok());
+            for (size, offset) in [(2 << 20, 0), (4096, 1 << 20), (u64::MAX, 4096)] {
+                let e = check(&table(size, offset)).unwrap_err();
+                assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{size} at {offset}");
+            }
         }
+        // A plain file fits too, and is accepted while sealing is not required.
+        assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(1 << 20, 0), &fds, false).is_ok());
         // ADD_MEM_REG: u64 padding then one region.
         let mut add = vec![0u8; 8];
         add.extend_from_slice(&table(2 << 20, 0)[8..]);
-        assert!(check_memory_regions(VHOST_USER_ADD_MEM_REG, &add, &fds).is_err());
+        assert!(check_memory_regions(VHOST_USER_ADD_MEM_REG, &add, &fds, false).is_err());
+    }
+
+    #[test]
+    fn sealable_memfds_get_f_seal_shrink() {
+        let f = memfd(libc::MFD_ALLOW_SEALING, 1 << 20);
+        assert_eq!(seals(&f), 0, "a fresh MFD_ALLOW_SEALING memfd has no seals");
+        assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(1 << 20, 0), &[f], true).is_ok());
+        let f = memfd(libc::MFD_ALLOW_SEALING, 1 << 20);
+        assert_eq!(seal_against_shrinking(&f), ShrinkSeal::Added);
+        assert_eq!(seals(&f), libc::F_SEAL_SHRINK);
+        // Shrinking now fails for everyone (fcntl(2): EPERM); growing does not.
+        let e = f.set_len(4096).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+        f.set_len(2 << 20).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 2 << 20);
+        assert_eq!(seal_against_shrinking(&f), ShrinkSeal::Present);
+        // QEMU's memory-backend-memfd (seal=on): GROW | SHRINK | SEAL.
+        let q = memfd(libc::MFD_ALLOW_SEALING, 1 << 20);
+        let qemu = libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS with an int on a descriptor we own.
+        assert_eq!(unsafe { libc::fcntl(q.as_raw_fd(), libc::F_ADD_SEALS, qemu) }, 0);
+        assert_eq!(seal_against_shrinking(&q), ShrinkSeal::Present);
+        assert_eq!(seals(&q), qemu);
+    }
+
+    #[test]
+    fn unsealable_files_are_accepted_unless_sealing_is_required() {
+        let plain = tempfile::tempfile().unwrap();
+        plain.set_len(1 << 20).unwrap();
+        // A memfd without MFD_ALLOW_SEALING (QEMU's memory-backend-memfd with
+        // seal=off, util/memfd.c) carries F_SEAL_SEAL from birth.
+        let no_sealing = memfd(0, 1 << 20);
+        assert_eq!(seals(&no_sealing), libc::F_SEAL_SEAL);
+        for f in [plain, no_sealing] {
+            assert!(
+                matches!(seal_against_shrinking(&f), ShrinkSeal::Impossible(_)),
+                "{f:?}"
+            );
+            let fds = [f];
+            assert!(check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(1 << 20, 0), &fds, false).is_ok());
+            let e =
+                check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(1 << 20, 0), &fds, true).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+            assert!(e.to_string().contains("cannot be sealed"), "{e}");
+            // Nothing was sealed, and the frontend can still resize its file.
+            fds[0].set_len(4096).unwrap();
+        }
+        // Neither is a file of another kind.
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        // SAFETY: dup of a live descriptor; the copy is owned by the File.
+        let dup = unsafe { File::from_raw_fd(libc::dup(efd.as_raw_fd())) };
+        assert!(matches!(seal_against_shrinking(&dup), ShrinkSeal::Impossible(_)));
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod frontend_proxy;
 pub mod queue;
 pub mod request;
+pub mod seccomp;
 pub mod session_msg;
 pub mod sessions;
 pub mod wire;

@@ -2,9 +2,10 @@
 //! Frontend faults against the daemon binary: disconnects at every point of
 //! the handshake and in the middle of a batch, many connect/disconnect
 //! cycles under load (fd, thread, mapping and RSS accounting), malformed
-//! vhost-user messages, guest memory files smaller than announced,
-//! session-message floods and churn, pipelined requests, and a frontend
-//! waiting while another is served.
+//! vhost-user messages, guest memory files smaller than announced or shrunk
+//! after SET_MEM_TABLE, guest memory that cannot be sealed (with and without
+//! `--require-sealed-memory`), session-message floods and churn, pipelined
+//! requests, and a frontend waiting while another is served.
 //!
 //! Every test spawns its own daemon (`RUST_LOG=warn`, stderr to a log file
 //! that is printed when the test fails), puts a timeout on every blocking
@@ -1813,24 +1814,98 @@ fn a_waiting_frontend_is_served_fresh_after_the_first_leaves() {
     assert_nist(&daemon.sock, "two frontends in a row");
 }
 
-/// The frontend shrinks the guest memory file after SET_MEM_TABLE (all
-/// sizes were right when the table was checked), then kicks a ring that
-/// now lies past the end of the file.
-///
-/// Known limitation, so ignored: the daemon dies of SIGBUS in the queue
-/// worker. Only the frontend (the VMM, which can kill the daemon anyway)
-/// can do this, and QEMU's memory-backend-memfd seals its file against
-/// shrinking by default (`seal=on`). A fix would be refusing memfds without
-/// F_SEAL_SHRINK, or recovering from SIGBUS in guest-memory accesses.
-#[test]
-#[ignore = "known: SIGBUS when the frontend truncates guest memory after SET_MEM_TABLE"]
-fn memory_file_truncated_after_mem_table() {
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = memfd(MEM_SIZE);
+/// A memfd made with `MFD_ALLOW_SEALING` (and MFD_CLOEXEC), no seals yet.
+fn sealable_memfd(size: u64) -> File {
+    // SAFETY: a valid NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"frontend-faults".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+    // SAFETY: a fresh descriptor we own.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).unwrap();
+    f
+}
+
+/// fcntl(F_GET_SEALS), or -1 for a file without seals.
+fn seals(f: &File) -> i32 {
+    // SAFETY: F_GET_SEALS on a descriptor we own; no memory is passed.
+    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) }
+}
+
+/// Split-ring descriptor flags (VIRTIO 1.2 §2.7.5).
+const VRING_DESC_F_NEXT: u16 = 1;
+const VRING_DESC_F_WRITE: u16 = 2;
+
+/// One NIST F.2.1 encryption written straight into a raw guest memory file
+/// with pwrite (the daemon sees the same pages through its mapping): a
+/// direct 5-descriptor chain (header, IV, src, dst, status) at head 0 of the
+/// ring at 512 KiB (avail ring +4 KiB, used ring +8 KiB), published as the
+/// `n`th avail entry; kicks and waits for the call eventfd, then returns
+/// (used id, used length, status, dst).
+fn raw_nist_request(mem: &File, kick: &EventFd, call: &EventFd, sid: u64, n: u16) -> (u32, u32, u8, Vec<u8>) {
+    use std::os::unix::fs::FileExt;
+    let (hdr_at, iv_at, src_at, dst_at, status_at) = (0x10000u64, 0x11000, 0x12000, 0x13000, 0x14000);
+    let (desc, avail, used) = (0x80000u64, 0x81000u64, 0x82000u64);
+    let h = OpDataReq {
+        opcode: ENCRYPT,
+        algo: 0,
+        session_id: sid,
+        op_type: 1,
+        iv_len: 16,
+        src_data_len: 64,
+        dst_data_len: 64,
+    };
+    mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
+    mem.write_all_at(&hex(NIST_IV), iv_at).unwrap();
+    mem.write_all_at(&hex(NIST_PT), src_at).unwrap();
+    mem.write_all_at(&[0xEE; 64], dst_at).unwrap();
+    mem.write_all_at(&[0xFF], status_at).unwrap();
+    let chain = [
+        (hdr_at, 72u32, 0u16),
+        (iv_at, 16, 0),
+        (src_at, 64, 0),
+        (dst_at, 64, VRING_DESC_F_WRITE),
+        (status_at, 1, VRING_DESC_F_WRITE),
+    ];
+    for (k, &(addr, len, flags)) in chain.iter().enumerate() {
+        let last = k + 1 == chain.len();
+        let mut d = addr.to_le_bytes().to_vec();
+        d.extend_from_slice(&len.to_le_bytes());
+        d.extend_from_slice(&(flags | if last { 0 } else { VRING_DESC_F_NEXT }).to_le_bytes());
+        d.extend_from_slice(&(if last { 0u16 } else { k as u16 + 1 }).to_le_bytes());
+        mem.write_all_at(&d, desc + 16 * k as u64).unwrap();
+    }
+    // avail.ring[n - 1] = head 0, then avail.idx = n.
+    mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * u64::from(n - 1))
+        .unwrap();
+    mem.write_all_at(&n.to_le_bytes(), avail + 2).unwrap();
+    kick.write(1).unwrap();
+    let start = Instant::now();
+    while call.read().is_err() {
+        assert!(start.elapsed() < TIMEOUT, "no used-buffer notification");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let word = |at: u64, len: usize| {
+        let mut b = [0u8; 4];
+        mem.read_exact_at(&mut b[..len], at).unwrap();
+        u32::from_le_bytes(b)
+    };
+    assert_eq!(word(used + 2, 2), u32::from(n), "used.idx");
+    let elem = used + 4 + 8 * u64::from(n - 1);
+    let mut dst = vec![0u8; 64];
+    mem.read_exact_at(&mut dst, dst_at).unwrap();
+    (word(elem, 4), word(elem + 4, 4), word(status_at, 1) as u8, dst)
+}
+
+/// Sets up data ring 0 at 512 KiB on a negotiated connection after a
+/// SET_MEM_TABLE with `mem` (one 1 MiB region at guest address 0); every
+/// message is acked with 0.
+fn raw_ring(c: &Conn, mem: &File, kick: &EventFd, call: &EventFd) {
     let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
     // Ring at 512 KiB: descriptors, avail ring at +4 KiB, used ring at +8 KiB.
     let addr = vring_addr(0, UADDR + 0x80000, UADDR + 0x82000, UADDR + 0x81000);
     for (req, payload, fds) in [
@@ -1852,11 +1927,143 @@ fn memory_file_truncated_after_mem_table() {
         c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
         assert_eq!(c.reply_u64(req), 0, "request {req}");
     }
-    mem.set_len(64 << 10).unwrap();
-    kick.write(1).unwrap();
-    c.send(GET_FEATURES, V1, &[], &[]).unwrap();
-    let o = c.recv();
+}
+
+/// The frontend tries to shrink the guest memory file after SET_MEM_TABLE
+/// (all sizes were right when the table was checked), under a live ring.
+///
+/// The memfd allows sealing but has no seal (a frontend that did not seal
+/// it, unlike QEMU's memory-backend-memfd with its default `seal=on`): the
+/// daemon adds F_SEAL_SHRINK at SET_MEM_TABLE, so the frontend's ftruncate
+/// fails with EPERM (fcntl(2), "File sealing"), and requests on the ring
+/// still complete with the NIST answer instead of the daemon dying of
+/// SIGBUS on pages past the new end.
+#[test]
+fn memory_file_truncated_after_mem_table() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    assert_eq!(seals(&mem), 0, "a fresh MFD_ALLOW_SEALING memfd has no seals");
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    assert_eq!(seals(&mem), libc::F_SEAL_SHRINK, "seals after SET_MEM_TABLE");
+    let e = mem.set_len(64 << 10).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "ftruncate to 64 KiB: {e}");
+    let e = mem.set_len(0).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "ftruncate to 0: {e}");
+    assert_eq!(mem.metadata().unwrap().len(), MEM_SIZE);
+
+    // The ring (512 KiB, past the 64 KiB the frontend asked for) still works.
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    let p = c.reply(CREATE_CRYPTO_SESSION);
+    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
+    assert_eq!(sid, 1, "session id");
+    for n in 1..=3u16 {
+        let (id, len, status, dst) = raw_nist_request(&mem, &kick, &call, sid as u64, n);
+        assert_eq!(
+            (id, len, status),
+            (0, 65, ST_OK),
+            "request {n}: used id, used length, status"
+        );
+        assert_eq!(dst, hex(NIST_CT), "request {n}: F.2.1 ciphertext");
+    }
+    assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0, "still served");
     drop(c);
-    daemon.assert_alive(&format!("guest memory truncated under a live ring ({o:?})"));
-    assert_nist(&daemon.sock, "guest memory truncated under a live ring");
+    daemon.assert_alive("a frontend tried to shrink sealed guest memory");
+    assert_nist(&daemon.sock, "a frontend tried to shrink sealed guest memory");
+}
+
+/// Guest memory files that cannot be sealed against shrinking: a memfd made
+/// without MFD_ALLOW_SEALING (F_SEAL_SEAL from birth; QEMU's
+/// memory-backend-memfd with seal=off) and a plain file (memory-backend-file
+/// on /dev/shm, hugetlbfs or a disk). With `--require-sealed-memory` the
+/// daemon refuses their SET_MEM_TABLE (disconnect), seals nothing, and
+/// serves the next frontend (the replay tool, whose memfd is sealed, and a
+/// sealable memfd, which it seals). Without the flag they are accepted with
+/// one warning per region, and requests complete.
+#[test]
+fn unsealable_guest_memory_and_require_sealed_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let unsealable = || -> Vec<(&'static str, File)> {
+        let plain = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("guest.mem"))
+            .unwrap();
+        plain.set_len(MEM_SIZE).unwrap();
+        vec![
+            ("memfd without MFD_ALLOW_SEALING", memfd(MEM_SIZE)),
+            ("plain file", plain),
+        ]
+    };
+
+    let mut strict = Daemon::spawn(&["--require-sealed-memory"]);
+    for (what, f) in unsealable() {
+        let c = Conn::negotiated(&strict.sock);
+        let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
+        c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[f.as_raw_fd()])
+            .unwrap();
+        assert_eq!(expect_refused(&c, SET_MEM_TABLE, what), "disconnect", "{what}");
+        drop(c);
+        // Refused, not sealed: the frontend may still resize its own file.
+        f.set_len(64 << 10).unwrap();
+        strict.assert_alive(&format!("--require-sealed-memory refusing a {what}"));
+    }
+    assert!(
+        strict
+            .log_tail(4000)
+            .contains("cannot be sealed against shrinking"),
+        "reason in the log: {}",
+        strict.log_tail(4000)
+    );
+    // A sealable memfd is accepted, sealed, and serves requests.
+    let c = Conn::negotiated(&strict.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    assert_eq!(seals(&mem), libc::F_SEAL_SHRINK);
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    assert_eq!(&c.reply(CREATE_CRYPTO_SESSION)[1064..1072], &1i64.to_le_bytes());
+    let (id, len, status, dst) = raw_nist_request(&mem, &kick, &call, 1, 1);
+    assert_eq!((id, len, status, dst), (0, 65, ST_OK, hex(NIST_CT)));
+    drop(c);
+    // The replay tool's memfd comes sealed (SHRINK | GROW) and is accepted.
+    let fe = frontend(&strict.sock, &cfg(SessionAbi::C, 1, 64, 8, 64));
+    assert_eq!(seals(fe.mem.file()), libc::F_SEAL_SHRINK | libc::F_SEAL_GROW);
+    let e = fe.mem.file().set_len(4096).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    drop(fe);
+    assert_nist(
+        &strict.sock,
+        "--require-sealed-memory with the replay tool's memfd",
+    );
+    strict.assert_alive("--require-sealed-memory");
+    drop(strict);
+
+    // Without the flag: accepted, one warning per region, requests complete.
+    let mut lenient = Daemon::spawn(&[]);
+    for (what, f) in unsealable() {
+        let before = lenient.log_tail(1 << 20).matches("cannot be sealed").count();
+        let c = Conn::negotiated(&lenient.sock);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &f, &kick, &call);
+        assert_ne!(seals(&f), libc::F_SEAL_SHRINK, "{what} got sealed");
+        c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+            .unwrap();
+        assert_eq!(&c.reply(CREATE_CRYPTO_SESSION)[1064..1072], &1i64.to_le_bytes());
+        let (id, len, status, dst) = raw_nist_request(&f, &kick, &call, 1, 1);
+        assert_eq!((id, len, status, dst), (0, 65, ST_OK, hex(NIST_CT)), "{what}");
+        drop(c);
+        lenient.assert_alive(what);
+        let after = lenient.log_tail(1 << 20).matches("cannot be sealed").count();
+        assert_eq!(after - before, 1, "warnings for one region of a {what}");
+    }
+    assert_nist(&lenient.sock, "unsealable guest memory accepted with a warning");
 }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! memfd-backed "guest" memory shared with the backend through
-//! `SET_MEM_TABLE`: one region at guest-physical address 0.
+//! `SET_MEM_TABLE`: one region at guest-physical address 0. Like QEMU's
+//! `memory-backend-memfd` (default `seal=on`), the memfd is sealed against
+//! shrinking and growing once sized, so the backend can trust its size.
 
 use std::fs::File;
 use std::io;
@@ -23,19 +25,38 @@ unsafe impl Send for GuestMem {}
 unsafe impl Sync for GuestMem {}
 
 impl GuestMem {
-    /// Creates and maps `size` bytes of memfd memory.
+    /// Creates and maps `size` bytes of memfd memory, sealed with
+    /// `F_SEAL_SHRINK | F_SEAL_GROW` (memfd_create(2), fcntl(2) "File
+    /// sealing").
     ///
     /// # Errors
-    /// memfd_create, ftruncate or mmap failed.
+    /// memfd_create, ftruncate, fcntl or mmap failed.
     pub fn new(size: usize) -> io::Result<Self> {
         // SAFETY: the name is a valid NUL-terminated string.
-        let fd = unsafe { libc::memfd_create(c"vhost-crypto-replay".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"vhost-crypto-replay".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor we own.
         let file = unsafe { File::from_raw_fd(fd) };
         file.set_len(size as u64)?;
+        // SAFETY: fcntl(F_ADD_SEALS) with an int argument on a descriptor
+        // we own; it touches no memory.
+        let sealed = unsafe {
+            libc::fcntl(
+                file.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            )
+        };
+        if sealed < 0 {
+            return Err(io::Error::last_os_error());
+        }
         // SAFETY: mapping a file we own, shared, with a valid length; the
         // result is checked against MAP_FAILED.
         let ptr = unsafe {
@@ -61,6 +82,11 @@ impl GuestMem {
     /// Size in bytes.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The memfd behind the memory.
+    pub fn file(&self) -> &File {
+        &self.file
     }
 
     /// The region as `SET_MEM_TABLE` describes it (userspace address = our mapping).
