@@ -11,6 +11,7 @@
 use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,7 @@ pub struct CryptoBackend {
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
     seccomp: Option<WorkerFilter>,
+    event_idx: AtomicBool,
 }
 
 thread_local! {
@@ -82,6 +84,7 @@ impl CryptoBackend {
             handed_out: Mutex::new(Vec::new()),
             poll,
             seccomp: None,
+            event_idx: AtomicBool::new(false),
         })
     }
 
@@ -161,21 +164,44 @@ impl CryptoBackend {
         let mut next_used = q.next_used();
         // Adaptive busy-polling: after the last request, keep looking at
         // the avail ring for `poll` before going back to sleeping on kicks,
-        // so a busy guest's next requests are taken without a wake-up.
+        // so a busy guest's next requests are taken without a wake-up. While
+        // polling the worker asks the driver not to kick (queue.rs); when
+        // polling ends it asks for kicks again and looks once more.
+        worker.event_idx = self.event_idx.load(Ordering::Relaxed);
+        let mut polling = !self.poll.is_zero();
+        worker.set_polling(polling);
         let mut last_work = Instant::now();
+        let mut idle_spins: u32 = 0;
         loop {
             let r = worker.process(&mem, addrs, &mut next_avail, &mut next_used);
             if r.completed > 0 {
                 state.get_queue_mut().set_next_avail(next_avail);
                 state.get_queue_mut().set_next_used(next_used);
-                // One notification per batch; the backend cannot know whether
-                // the guest suppressed it (protocol reference §8), so always.
-                if let Err(e) = state.signal_used_queue() {
-                    warn!("queue {queue}: signalling the call eventfd failed: {e}");
+                // At most one notification per batch, and none when the
+                // driver said it does not want one (used_event, or the
+                // NO_INTERRUPT flag; see queue.rs).
+                if r.notify {
+                    if let Err(e) = state.signal_used_queue() {
+                        warn!("queue {queue}: signalling the call eventfd failed: {e}");
+                    }
+                }
+                if !self.poll.is_zero() && !polling {
+                    polling = true;
+                    worker.set_polling(true);
                 }
                 last_work = Instant::now();
-            } else if self.poll.is_zero() || last_work.elapsed() >= self.poll {
+                idle_spins = 0;
+                continue;
+            }
+            if !polling {
+                // Kicks are enabled again and the ring was empty after that.
                 break;
+            }
+            idle_spins = idle_spins.wrapping_add(1);
+            // The clock is read every 64 empty looks, not on each.
+            if idle_spins % 64 == 0 && last_work.elapsed() >= self.poll {
+                polling = false;
+                worker.set_polling(false);
             } else {
                 std::hint::spin_loop();
             }
@@ -207,8 +233,10 @@ impl VhostUserBackend for CryptoBackend {
     }
 
     fn set_event_idx(&self, enabled: bool) {
-        // avail_event is kept current whatever the frontend says (see queue.rs).
+        // avail_event is kept current whatever the frontend says; used_event
+        // is honoured only when it acked EVENT_IDX (see queue.rs).
         debug!("frontend says EVENT_IDX = {enabled}");
+        self.event_idx.store(enabled, Ordering::Relaxed);
     }
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemory_>) -> io::Result<()> {

@@ -14,6 +14,18 @@
 //!
 //! Ring memory is translated once per batch. Ring fields are read with
 //! volatile or atomic accesses, each exactly once.
+//!
+//! Notification suppression (VIRTIO 1.2 §2.7.7, §2.7.10): while the caller
+//! busy-polls the ring ([`QueueWorker::set_polling`]), kicks are not
+//! wanted: `avail_event` is set half the ring index space ahead and the
+//! used ring's `VRING_USED_F_NO_NOTIFY` flag is set, so neither kind of
+//! driver kicks; when polling ends both are reset and the avail index read
+//! again. In the other direction, [`BatchResult::notify`] says whether the
+//! driver asked to be told about this batch: with `VIRTIO_RING_F_EVENT_IDX`
+//! acked by the frontend, only when the batch's used entries cross
+//! `used_event`; without, unless the driver set `VRING_AVAIL_F_NO_INTERRUPT`
+//! (a QEMU guest that negotiated EVENT_IDX with QEMU never sets that flag,
+//! so it is always notified).
 
 use std::sync::atomic::{fence, AtomicU16, Ordering};
 
@@ -63,11 +75,33 @@ pub enum QueueError {
     },
 }
 
+/// Most chains taken from the avail ring before their used elements are
+/// published (one used-index store each): a driver that keeps the ring
+/// full gets completions while the rest of a long batch is still being
+/// processed, so driver and device work at the same time (DPDK's
+/// vhost-crypto bursts are 64 too).
+pub const MAX_BATCH: u16 = 64;
+
+/// `VRING_USED_F_NO_NOTIFY` (VIRTIO 1.2 §2.7.10).
+pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
+/// `VRING_AVAIL_F_NO_INTERRUPT` (VIRTIO 1.2 §2.7.7).
+pub const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
+
+/// `vring_need_event` (VIRTIO 1.2 §2.7.7.2): whether moving an index from
+/// `old` to `new` crosses the `event` index the other side asked about.
+pub fn vring_need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
 /// Per-queue worker: session table and reusable scratch.
 #[derive(Debug)]
 pub struct QueueWorker {
     /// The sessions this queue can use.
     pub sessions: SessionTable,
+    /// Whether the frontend acked `VIRTIO_RING_F_EVENT_IDX` (then the
+    /// driver's `used_event` decides [`BatchResult::notify`]).
+    pub event_idx: bool,
+    polling: bool,
     walker: ChainWalker,
     /// (head, used length) of the batch, in avail order; allocated once.
     done: Vec<(u16, u32)>,
@@ -140,6 +174,26 @@ impl Ring {
         unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }.store(idx.to_le(), Ordering::Release);
     }
 
+    fn used_event(&self) -> u16 {
+        // SAFETY: used_event is the u16 after the n avail entries, inside
+        // the 6 + 2n mapped bytes, 2-aligned.
+        unsafe { AtomicU16::from_ptr(self.avail.add(4 + 2 * usize::from(self.size)) as *mut u16) }
+            .load(Ordering::Acquire)
+            .to_le()
+    }
+
+    fn avail_flags(&self) -> u16 {
+        // SAFETY: byte 0 of the mapped, 2-aligned avail ring.
+        unsafe { AtomicU16::from_ptr(self.avail as *mut u16) }
+            .load(Ordering::Acquire)
+            .to_le()
+    }
+
+    fn set_used_flags(&self, flags: u16) {
+        // SAFETY: byte 0 of the mapped, 4-aligned used ring.
+        unsafe { AtomicU16::from_ptr(self.used as *mut u16) }.store(flags.to_le(), Ordering::Release);
+    }
+
     fn set_avail_event(&self, idx: u16) {
         // SAFETY: avail_event is the u16 after the n used elements, inside
         // the 6 + 8n mapped bytes, 2-aligned.
@@ -169,6 +223,9 @@ fn flush_lanes(
 pub struct BatchResult {
     /// Chains put on the used ring.
     pub completed: u32,
+    /// Whether the driver wants a used-buffer notification for them (see
+    /// the module documentation); false when nothing completed.
+    pub notify: bool,
 }
 
 impl QueueWorker {
@@ -176,12 +233,22 @@ impl QueueWorker {
     pub fn new(sessions: SessionTable, limits: RequestLimits) -> Self {
         QueueWorker {
             sessions,
+            event_idx: false,
+            polling: false,
             walker: ChainWalker::new(),
             done: Vec::with_capacity(usize::from(MAX_QUEUE_SIZE)),
             limits,
             stopped: None,
             completed: 0,
         }
+    }
+
+    /// Whether the caller busy-polls the ring after this call (kicks are
+    /// then suppressed, see the module documentation). Turning it off takes
+    /// effect at the next [`QueueWorker::process`], which re-enables kicks
+    /// and reads the avail index again before returning.
+    pub fn set_polling(&mut self, polling: bool) {
+        self.polling = polling;
     }
 
     /// Forgets a stopped ring (the frontend stopped the ring with
@@ -226,10 +293,25 @@ impl QueueWorker {
     ) -> Result<BatchResult, (QueueError, BatchResult)> {
         let mut result = BatchResult::default();
         let ring = Ring::map(mem, addrs).map_err(|e| (e, result))?;
+        // `mem` may be a new memory map since the last call.
+        self.walker.begin_batch();
+        let first_used = *next_used;
         loop {
+            let avail = ring.avail_idx();
+            if avail == *next_avail {
+                // Nothing new: no session lock, no batch.
+                if !self.polling {
+                    ring.set_used_flags(0);
+                    ring.set_avail_event(avail);
+                    fence(Ordering::SeqCst);
+                    if ring.avail_idx() != avail {
+                        continue;
+                    }
+                }
+                break;
+            }
             // One lock per batch: the registry's CREATE/CLOSE wait for it.
             let sessions = self.sessions.lock();
-            let avail = ring.avail_idx();
             let ahead = avail.wrapping_sub(*next_avail);
             if ahead > ring.size {
                 return Err((
@@ -250,7 +332,12 @@ impl QueueWorker {
             let mut slots = [0usize; MAX_LANES];
             let mut n = 0;
             self.done.clear();
-            while *next_avail != avail {
+            let end = if ahead > MAX_BATCH {
+                next_avail.wrapping_add(MAX_BATCH)
+            } else {
+                avail
+            };
+            while *next_avail != end {
                 let head = ring.avail_entry(*next_avail);
                 *next_avail = next_avail.wrapping_add(1);
                 result.completed += 1;
@@ -286,14 +373,31 @@ impl QueueWorker {
                 // Used elements before the index (Release in the store).
                 ring.publish_used_idx(*next_used);
             }
-            ring.set_avail_event(avail);
+            if self.polling {
+                // No kicks while the caller keeps looking (both kinds of
+                // driver: event index far ahead, and the flag).
+                ring.set_used_flags(VRING_USED_F_NO_NOTIFY);
+                ring.set_avail_event(avail.wrapping_add(0x8000));
+            } else {
+                ring.set_used_flags(0);
+                ring.set_avail_event(avail);
+            }
             // The avail_event store must be visible before we re-read the
             // avail index, or a kick could be lost (driver/device race of
             // VIRTIO 1.2 §2.7.10).
             fence(Ordering::SeqCst);
-            if ring.avail_idx() == avail {
+            if ring.avail_idx() == *next_avail {
                 break;
             }
+        }
+        if result.completed > 0 {
+            // Read after the used index was published and fenced, so a
+            // driver that moves used_event concurrently is seen or sees us.
+            result.notify = if self.event_idx {
+                vring_need_event(ring.used_event(), *next_used, first_used)
+            } else {
+                ring.avail_flags() & VRING_AVAIL_F_NO_INTERRUPT == 0
+            };
         }
         self.completed += u64::from(result.completed);
         Ok(result)

@@ -144,6 +144,12 @@ pub struct ChainWalker {
     status: Option<*mut u8>,
     fault: Option<ChainFault>,
     seen_writable: bool,
+    /// The guest-memory region the last translation found (start, length,
+    /// host address of its start): buffers of one batch almost always lie
+    /// in the same region, so most translations are a range check.
+    /// Cleared by [`ChainWalker::begin_batch`] whenever the memory map may
+    /// have changed.
+    region: Option<(u64, u64, *mut u8)>,
 }
 
 // SAFETY: the raw pointers in a ChainWalker are only dereferenced while the
@@ -172,7 +178,41 @@ impl ChainWalker {
             status: None,
             fault: None,
             seen_writable: false,
+            region: None,
         }
+    }
+
+    /// Forgets the cached region: call at the start of every batch, with
+    /// the guest-memory guard the batch will hold.
+    pub fn begin_batch(&mut self) {
+        self.region = None;
+    }
+
+    /// Translates `addr`: the host address and how many bytes from there
+    /// lie in the same region (capped at `len`). Uses and refreshes the
+    /// region cache.
+    fn translate(&mut self, mem: &GuestMemory_, addr: u64, len: u64) -> Option<(*mut u8, u64)> {
+        if let Some((start, rlen, host)) = self.region {
+            if let Some(off) = addr.checked_sub(start).filter(|&o| o < rlen) {
+                // SAFETY: off < rlen: inside the region mapped at `host`,
+                // which the batch's memory guard keeps mapped.
+                return Some((unsafe { host.add(off as usize) }, len.min(rlen - off)));
+            }
+        }
+        let region = mem.find_region(GuestAddress(addr))?;
+        let start = region.start_addr().0;
+        let rlen = region.len();
+        let host = region.get_host_address(MemoryRegionAddress(0)).ok()?;
+        self.region = Some((start, rlen, host));
+        let off = addr - start;
+        // SAFETY: find_region returned the region holding addr, so off < rlen.
+        Some((unsafe { host.add(off as usize) }, len.min(rlen - off)))
+    }
+
+    /// Host address of `len` bytes at `addr` when they lie in one region.
+    fn map_contiguous_cached(&mut self, mem: &GuestMemory_, addr: u64, len: usize) -> Option<*mut u8> {
+        let (p, n) = self.translate(mem, addr, len as u64)?;
+        (n == len as u64).then_some(p)
     }
 
     fn reset(&mut self) {
@@ -198,7 +238,9 @@ impl ChainWalker {
     ///
     /// # Safety
     /// `table` must point to `table_len * 16` mapped bytes that stay mapped
-    /// while the walker's segments are used (the guest-memory guard is held).
+    /// while the walker's segments are used (the guest-memory guard is held),
+    /// and `mem` must be the same memory map as in every walk since the last
+    /// [`ChainWalker::begin_batch`] (the region cache holds its addresses).
     pub unsafe fn walk(&mut self, mem: &GuestMemory_, table: *const u8, table_len: u16, head: u16) {
         self.reset();
         let mut idx = head;
@@ -237,7 +279,7 @@ impl ChainWalker {
             self.set_fault(ChainFault::BadIndirectTable);
             return;
         }
-        let Some(table) = map_contiguous(mem, d.addr, d.len as usize) else {
+        let Some(table) = self.map_contiguous_cached(mem, d.addr, d.len as usize) else {
             self.set_fault(ChainFault::BadIndirectTable);
             return;
         };
@@ -310,13 +352,7 @@ impl ChainWalker {
         let mut addr = d.addr;
         let mut left = u64::from(d.len);
         while left > 0 {
-            let Some(region) = mem.find_region(GuestAddress(addr)) else {
-                self.set_fault(ChainFault::Unmapped);
-                return false;
-            };
-            let off = addr - region.start_addr().0;
-            let n = left.min(region.len() - off);
-            let Ok(ptr) = region.get_host_address(MemoryRegionAddress(off)) else {
+            let Some((ptr, n)) = self.translate(mem, addr, left) else {
                 self.set_fault(ChainFault::Unmapped);
                 return false;
             };
@@ -374,11 +410,31 @@ fn last_byte(mem: &GuestMemory_, d: Desc) -> Option<*mut u8> {
 /// # Safety
 /// `table` must point to at least `(idx + 1) * 16` mapped bytes.
 unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
-    // SAFETY: in bounds per the contract; volatile because the guest may
-    // change the table at any time, and a plain read could be re-done by
-    // the compiler (the copy is what we validate and use).
-    let raw =
-        unsafe { ptr::read_volatile(table.add(usize::from(idx) * DESC_SIZE) as *const [u8; DESC_SIZE]) };
+    // SAFETY: in bounds per the contract.
+    let p = unsafe { table.add(usize::from(idx) * DESC_SIZE) };
+    // The guest may change the table at any time: the descriptor is read
+    // once, with accesses the compiler may neither repeat nor tear into
+    // something else (atomic or volatile), and only the copy is used.
+    let raw = if p as usize % 8 == 0 {
+        // SAFETY: 8-aligned and in bounds; relaxed atomic loads of guest
+        // memory that the guest may write concurrently.
+        let (a, b) = unsafe {
+            (
+                std::sync::atomic::AtomicU64::from_ptr(p as *mut u64)
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                std::sync::atomic::AtomicU64::from_ptr(p.add(8) as *mut u64)
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            )
+        };
+        let mut raw = [0u8; DESC_SIZE];
+        raw[..8].copy_from_slice(&a.to_ne_bytes());
+        raw[8..].copy_from_slice(&b.to_ne_bytes());
+        raw
+    } else {
+        // SAFETY: in bounds; an indirect table at an odd address (the spec
+        // does not require alignment for those).
+        unsafe { ptr::read_volatile(p as *const [u8; DESC_SIZE]) }
+    };
     Desc::from_bytes(raw)
 }
 
