@@ -43,6 +43,7 @@ fn run(sock: &Path, t: &Trace, abi: SessionAbi, mode: DescMode, queues: u16) -> 
         queue_depth: 32,
         timeout: Duration::from_secs(10),
         progress: false,
+        record: false,
     };
     replay(&mut fe, t, &opts).unwrap()
 }
@@ -55,6 +56,8 @@ fn known_answer_and_hostile_traces_in_every_layout() {
         ("wycheproof-aes-cbc.jsonl", 144),
         ("status-policy.jsonl", 8),
         ("hostile-guest.jsonl", 42),
+        ("chaining.jsonl", 85),
+        ("chaining-dpdk.jsonl", 39),
     ] {
         let t = trace(name);
         for abi in [SessionAbi::A, SessionAbi::B, SessionAbi::C] {
@@ -100,6 +103,53 @@ fn several_queues() {
         );
         assert_eq!(r.status_counts.get("ok"), Some(&4001));
     }
+}
+
+#[test]
+fn generated_chained_requests_and_wrong_digests() {
+    let daemon = spawn_daemon(&[]);
+    // Generated chained requests (expected values from algorithms::aes_cbc
+    // and RustCrypto hmac) in both directions, out of place and in place,
+    // with a cipher range starting at 1500 % 16 = 12.
+    let t = Trace::parse(
+        r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt","mac":"hmac-sha256","auth_key":"0b0b","digest_len":16}
+{"op":"create_session","name":"d","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"decrypt","mac":"hmac-sha256","auth_key":"0b0b","digest_len":16}
+{"op":"generate","session":"e","opcode":"encrypt","size":1500,"count":300,"seed":1}
+{"op":"generate","session":"d","opcode":"decrypt","size":1500,"count":300,"seed":2,"in_place":true}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":300,"seed":3,"in_place":true}
+"#
+        .as_bytes(),
+    )
+    .unwrap();
+    let r = run(&daemon.sock, &t, SessionAbi::A, DescMode::Indirect, 1);
+    assert_eq!((r.requests, r.mismatches), (900, 0), "{:?}", r.first_mismatches);
+    assert_eq!(r.status_counts.get("ok"), Some(&900));
+
+    // RFC 4231 §4.2's key and data as a MAC-only request (len_to_cipher 0):
+    // the expected digest is the RFC's, one with its last byte changed must
+    // be reported, and so must a wrong digest supplied on decrypt.
+    let t = Trace::parse(
+        r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt","mac":"hmac-sha256","auth_key":"0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"}
+{"op":"create_session","name":"d","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"decrypt","mac":"hmac-sha256","auth_key":"0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"}
+{"op":"request","session":"e","opcode":"encrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"4869205468657265","cipher_len":0,"expect":{"status":"ok","dst":"4869205468657265","digest":"b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"}}
+{"op":"request","session":"e","opcode":"encrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"4869205468657265","cipher_len":0,"expect":{"status":"ok","dst":"4869205468657265","digest":"b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff8"}}
+{"op":"request","session":"d","opcode":"decrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"4869205468657265","cipher_len":0,"digest":"b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7","expect":{"status":"ok","dst":"4869205468657265"}}
+{"op":"request","session":"d","opcode":"decrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"4869205468657265","cipher_len":0,"digest":"b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff6","expect":{"status":"ok","dst":"4869205468657265"}}
+"#
+        .as_bytes(),
+    )
+    .unwrap();
+    let r = run(&daemon.sock, &t, SessionAbi::C, DescMode::Chain, 1);
+    assert_eq!(r.requests, 4);
+    assert_eq!(r.mismatches, 2, "{:?}", r.first_mismatches);
+    assert_eq!(
+        (r.first_mismatches[0].line, r.first_mismatches[0].field.as_str()),
+        (4, "hash result")
+    );
+    assert_eq!(
+        (r.first_mismatches[1].line, r.first_mismatches[1].field.as_str()),
+        (6, "status")
+    );
 }
 
 #[test]

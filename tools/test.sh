@@ -42,7 +42,7 @@ mkdir -p target
 cargo test --release --workspace 2>&1 | tee target/test-output.log
 
 log "replay of the shipped known-answer traces against the daemon"
-for t in nist-sp800-38a wycheproof-aes-cbc status-policy; do
+for t in nist-sp800-38a wycheproof-aes-cbc status-policy chaining; do
     for abi in a b c; do
         out=$(target/release/vhost-crypto-replay --spawn-daemon --session-abi "$abi" --json "tools/traces/$t.jsonl")
         echo "$t (layout $abi): $out"

@@ -12,6 +12,11 @@
 #            cargo bench --bench engines -- encrypt-single-stream-x8
 #            (8 messages per iteration, each through key.start + process_in_place)
 #
+# Algorithm chaining (issue 6): ours-hmac and dpdk-hmac run AES-128-CBC +
+# HMAC-SHA1 (12-byte digest) encrypt requests of 256 and 1500 bytes (the
+# cipher from byte size % 16, the MAC over all of it), in place as DPDK's
+# guest driver sends them, at depths 32 and 256, with the same commands.
+#
 # Sizes 64 256 1024 2048 4096 16384, queue depths 1 32 256 (--quick: sizes
 # 256 2048 16384, depths 1 256, shorter runs). Backend CPU seconds are
 # utime+stime of the backend process from /proc/PID/stat before and after
@@ -67,6 +72,9 @@ else
     CRIT_SECONDS=1.5
 fi
 DPDK_MAX=2048
+CHAIN_SIZES=(256 1500)
+CHAIN_DEPTHS=(32 256)
+AUTH_KEY=0102030405060708090a0b0c0d0e0f101112131415161718
 
 REPLAY=$ROOT/target/release/vhost-crypto-replay
 DAEMON=$ROOT/target/release/vhost-user-crypto
@@ -100,18 +108,28 @@ requests_for() { # size depth
     if [ "$2" = 1 ]; then
         case "$1" in 64|256) n=40000 ;; 1024) n=32000 ;; 2048) n=24000 ;; 4096) n=20000 ;; *) n=10000 ;; esac
     else
-        case "$1" in 64) n=800000 ;; 256) n=600000 ;; 1024) n=300000 ;; 2048) n=160000 ;; 4096) n=80000 ;; *) n=24000 ;; esac
+        case "$1" in 64) n=800000 ;; 256) n=600000 ;; 1024|1500) n=300000 ;; 2048) n=160000 ;; 4096) n=80000 ;; *) n=24000 ;; esac
     fi
     echo $((n / SCALE))
 }
 chunk_for() { # size
-    case "$1" in 64|256) echo 20000 ;; 1024) echo 8000 ;; 2048) echo 4000 ;; 4096) echo 2000 ;; *) echo 1000 ;; esac
+    case "$1" in 64|256) echo 20000 ;; 1024|1500) echo 8000 ;; 2048) echo 4000 ;; 4096) echo 2000 ;; *) echo 1000 ;; esac
 }
 trace_for() { # size -> path (one generate line, AES-128-CBC encrypt)
     local f=$TMP/aes128-cbc-$1.jsonl
     if [ ! -f "$f" ]; then
         printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"encrypt"}\n' "$KEY" >"$f"
         printf '{"op":"generate","session":"s1","opcode":"encrypt","size":%d,"count":%d,"seed":%d}\n' \
+            "$1" "$(chunk_for "$1")" "$1" >>"$f"
+    fi
+    echo "$f"
+}
+chain_trace_for() { # size -> path (AES-128-CBC + HMAC-SHA1-96 encrypt, in place)
+    local f=$TMP/aes128-cbc-hmac-sha1-$1.jsonl
+    if [ ! -f "$f" ]; then
+        printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"encrypt","mac":"hmac-sha1","auth_key":"%s","digest_len":12}\n' \
+            "$KEY" "$AUTH_KEY" >"$f"
+        printf '{"op":"generate","session":"s1","opcode":"encrypt","size":%d,"count":%d,"seed":%d,"in_place":true}\n' \
             "$1" "$(chunk_for "$1")" "$1" >>"$f"
     fi
     echo "$f"
@@ -127,10 +145,12 @@ replay_run() {
     chunk=$(chunk_for "$size")
     [ "$want" -ge "$chunk" ] || chunk=$want
     repeat=$(( (want + chunk - 1) / chunk ))
-    trace=$(trace_for "$size")
+    local tf=trace_for
+    case "$sys" in *-hmac) tf=chain_trace_for ;; esac
+    trace=$($tf "$size")
     if [ "$chunk" != "$(chunk_for "$size")" ]; then
-        trace=$TMP/aes128-cbc-$size-$chunk.jsonl
-        sed "s/\"count\":[0-9]*/\"count\":$chunk/" "$(trace_for "$size")" >"$trace"
+        trace=$TMP/$sys-$size-$chunk.jsonl
+        sed "s/\"count\":[0-9]*/\"count\":$chunk/" "$($tf "$size")" >"$trace"
     fi
     t0=$(cpu_ticks "$pid")
     taskset -c "$REPLAY_CPU" "$REPLAY" --socket "$sock" --json --queue-size 1024 \
@@ -184,6 +204,11 @@ for REP in $(seq "$REPS"); do
             replay_run ours "$size" "$depth" "$SOCK" "$DAEMON_PID"
         done
     done
+    for size in "${CHAIN_SIZES[@]}"; do
+        for depth in "${CHAIN_DEPTHS[@]}"; do
+            replay_run ours-hmac "$size" "$depth" "$SOCK" "$DAEMON_PID"
+        done
+    done
     kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
     DAEMON_PID=""
 
@@ -197,6 +222,11 @@ for REP in $(seq "$REPS"); do
                 [ "$size" -le "$DPDK_MAX" ] || continue
                 for depth in "${DEPTHS[@]}"; do
                     replay_run dpdk "$size" "$depth" "$DSOCK" "$DPID" --dpdk
+                done
+            done
+            for size in "${CHAIN_SIZES[@]}"; do
+                for depth in "${CHAIN_DEPTHS[@]}"; do
+                    replay_run dpdk-hmac "$size" "$depth" "$DSOCK" "$DPID" --dpdk
                 done
             done
         else

@@ -182,7 +182,12 @@ impl FrontendConfig {
 }
 
 /// Descriptors a direct-chain request uses (header, IV, src, dst, status).
-pub const DESCS_PER_REQUEST: u16 = 5;
+pub const DESCS_PER_REQUEST: u16 = 6;
+/// How long [`DriverQueue::reap`] busy-polls the used ring before it
+/// sleeps on the call eventfd.
+pub const REAP_POLL: Duration = Duration::from_micros(50);
+/// Bytes of a slot's hash-result area (digests of chained requests).
+pub const DIGEST_AREA: usize = 64;
 /// Most descriptors of a raw request's indirect table.
 pub const MAX_RAW_DESCS: usize = 16;
 const SLOT_ALIGN: usize = 64;
@@ -207,6 +212,9 @@ pub struct DriverQueue {
     slot_size: usize,
     nslots: u16,
     busy: Vec<bool>,
+    /// The (iv_len, len, digest_len, in_place) whose descriptors each slot
+    /// holds, so a slot reused with the same shape is not rewritten.
+    shape: Vec<Option<(u32, u32, u32, bool)>>,
     desc_mode: DescMode,
     max_payload: usize,
     max_iv: usize,
@@ -227,6 +235,8 @@ pub struct SlotLayout {
     pub status: u64,
     /// Indirect table.
     pub table: u64,
+    /// Hash result of a chained request ([`DIGEST_AREA`] bytes).
+    pub digest: u64,
 }
 
 /// A completed request.
@@ -236,6 +246,8 @@ pub struct Used {
     pub slot: u16,
     /// Used length.
     pub len: u32,
+    /// The head descriptor id exactly as the used element gave it.
+    pub id: u32,
 }
 
 fn align(v: u64, a: u64) -> u64 {
@@ -249,7 +261,7 @@ fn ring_bytes(size: u16) -> u64 {
 }
 
 fn slot_size(max_payload: usize, max_iv: usize) -> usize {
-    let raw = 72 + max_iv + 2 * max_payload + 1 + 16 * MAX_RAW_DESCS + 16;
+    let raw = 72 + max_iv + 2 * max_payload + 1 + 16 * MAX_RAW_DESCS + 64 + DIGEST_AREA;
     raw.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
 }
 
@@ -267,19 +279,33 @@ impl DriverQueue {
         let base = self.slots_base + u64::from(slot) * self.slot_size as u64;
         let p = self.max_payload as u64;
         let src = base + 72 + self.max_iv as u64;
+        // On its own cache line: the status byte before it is written by both
+        // sides for every request, the table only when the slot changes shape.
+        let table = align(src + 2 * p + 1, 64);
         SlotLayout {
             hdr: base,
             iv: base + 72,
             src,
             dst: src + p,
             status: src + 2 * p,
-            table: align(src + 2 * p + 1, 16),
+            table,
+            digest: table + 16 * MAX_RAW_DESCS as u64,
         }
     }
 
     /// The memory.
     pub fn mem(&self) -> &GuestMem {
         &self.mem
+    }
+
+    /// Number of request slots (the most requests in flight).
+    pub fn slots(&self) -> u16 {
+        self.nslots
+    }
+
+    /// Requests made available but not yet published to the backend.
+    pub fn unpublished(&self) -> u16 {
+        self.avail_idx.wrapping_sub(self.kicked_idx)
     }
 
     /// Requests in flight.
@@ -297,15 +323,42 @@ impl DriverQueue {
     /// Makes a plain cipher request available in `slot`, whose header, IV
     /// and src the caller has written; `iv_len` IV bytes, `len` = src = dst bytes.
     pub fn submit(&mut self, slot: u16, iv_len: u32, len: u32) {
+        self.submit_request(slot, iv_len, len, 0, false);
+    }
+
+    /// Makes a request available in `slot` (header, IV and src written by
+    /// the caller): readable header | IV | src, writable dst | hash result
+    /// (`digest_len` bytes, none when 0) | status, the layout of the spec's
+    /// `virtio_crypto_alg_chain_data_vlf`. With `in_place` the dst
+    /// descriptor points at src, as DPDK's guest driver does.
+    pub fn submit_request(&mut self, slot: u16, iv_len: u32, len: u32, digest_len: u32, in_place: bool) {
         let l = self.layout(slot);
-        let descs = [
+        let dst = if in_place { l.src } else { l.dst };
+        let all = [
             (l.hdr, 72, 0),
             (l.iv, iv_len, 0),
             (l.src, len, 0),
-            (l.dst, len, VRING_DESC_F_WRITE),
+            (dst, len, VRING_DESC_F_WRITE),
+            (l.digest, digest_len, VRING_DESC_F_WRITE),
             (l.status, 1, VRING_DESC_F_WRITE),
         ];
+        let mut buf = [(0u64, 0u32, 0u16); DESCS_PER_REQUEST as usize];
+        let mut n = 0;
+        for d in all {
+            if d.1 > 0 || d.0 != l.digest {
+                buf[n] = d;
+                n += 1;
+            }
+        }
+        let descs = &buf[..n];
+        let shape = Some((iv_len, len, digest_len, in_place));
+        let unchanged = self.shape.get(usize::from(slot)) == Some(&shape);
+        if let Some(s) = self.shape.get_mut(usize::from(slot)) {
+            *s = shape;
+        }
         let head = match self.desc_mode {
+            DescMode::Indirect if unchanged => slot,
+            DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
             DescMode::Indirect => {
                 for (i, &(addr, len, flags)) in descs.iter().enumerate() {
                     let last = i + 1 == descs.len();
@@ -315,7 +368,7 @@ impl DriverQueue {
                         flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
                         next: if last { 0 } else { i as u16 + 1 },
                     };
-                    self.mem.write(l.table + 16 * i as u64, &d.to_bytes());
+                    self.mem.write_if_changed(l.table + 16 * i as u64, &d.to_bytes());
                 }
                 let d = Desc {
                     addr: l.table,
@@ -323,7 +376,8 @@ impl DriverQueue {
                     flags: VRING_DESC_F_INDIRECT,
                     next: 0,
                 };
-                self.mem.write(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                self.mem
+                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
                 slot
             }
             DescMode::Chain => {
@@ -337,14 +391,16 @@ impl DriverQueue {
                         flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
                         next: if last { 0 } else { idx + 1 },
                     };
-                    self.mem.write(self.desc + 16 * u64::from(idx), &d.to_bytes());
+                    self.mem
+                        .write_if_changed(self.desc + 16 * u64::from(idx), &d.to_bytes());
                 }
                 base
             }
         };
         self.busy[usize::from(slot)] = true;
         let pos = u64::from(self.avail_idx % self.size);
-        self.mem.write_u16(self.avail + 4 + 2 * pos, head);
+        self.mem
+            .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);
     }
 
@@ -385,23 +441,28 @@ impl DriverQueue {
     /// completes in time.
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
         let start = std::time::Instant::now();
+        let mut spins: u32 = 0;
         loop {
-            let used_idx = self.mem.load_u16_acquire(self.used + 2);
-            while self.last_used != used_idx {
-                let pos = u64::from(self.last_used % self.size);
-                let id = self.mem.read_u32(self.used + 4 + 8 * pos);
-                let len = self.mem.read_u32(self.used + 8 + 8 * pos);
-                let slot = match self.desc_mode {
-                    DescMode::Indirect => id as u16,
-                    DescMode::Chain => (id / u32::from(DESCS_PER_REQUEST)) as u16,
-                };
-                if let Some(b) = self.busy.get_mut(usize::from(slot)) {
-                    *b = false;
-                }
-                out.push(Used { slot, len });
-                self.last_used = self.last_used.wrapping_add(1);
-            }
+            self.try_reap(out);
             if !out.is_empty() || self.in_flight() == 0 {
+                return Ok(());
+            }
+            // Busy-poll the used ring for a while before sleeping (as a
+            // polling guest driver does): a completion that is about to come
+            // costs neither a notification nor a wake-up. While we poll,
+            // used_event stays behind, so the backend need not notify.
+            spins = spins.wrapping_add(1);
+            if spins % 32 != 0 || start.elapsed() < REAP_POLL {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Going to sleep: ask for a notification at the next used entry
+            // (used_event, VIRTIO 1.2 §2.7.7.2), then look once more.
+            self.mem
+                .store_u16_release(self.avail + 4 + 2 * u64::from(self.size), self.last_used);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            self.try_reap(out);
+            if !out.is_empty() {
                 return Ok(());
             }
             if start.elapsed() > timeout {
@@ -422,6 +483,26 @@ impl DriverQueue {
         }
     }
 
+    /// Collects the completed requests already on the used ring into `out`,
+    /// without waiting.
+    pub fn try_reap(&mut self, out: &mut Vec<Used>) {
+        let used_idx = self.mem.load_u16_acquire(self.used + 2);
+        while self.last_used != used_idx {
+            let pos = u64::from(self.last_used % self.size);
+            let id = self.mem.read_u32(self.used + 4 + 8 * pos);
+            let len = self.mem.read_u32(self.used + 8 + 8 * pos);
+            let slot = match self.desc_mode {
+                DescMode::Indirect => id as u16,
+                DescMode::Chain => (id / u32::from(DESCS_PER_REQUEST)) as u16,
+            };
+            if let Some(b) = self.busy.get_mut(usize::from(slot)) {
+                *b = false;
+            }
+            out.push(Used { slot, len, id });
+            self.last_used = self.last_used.wrapping_add(1);
+        }
+    }
+
     /// Makes a raw request available in `slot`, its descriptors written
     /// exactly as given (flags and `next` included): as the slot's indirect
     /// table (at most [`MAX_RAW_DESCS`]), or, on a queue in chain mode, as a
@@ -432,6 +513,9 @@ impl DriverQueue {
     /// # Errors
     /// Too many descriptors, or a direct chain on a queue in indirect mode.
     pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<(), String> {
+        if let Some(s) = self.shape.get_mut(usize::from(slot)) {
+            *s = None;
+        }
         let l = self.layout(slot);
         let head = if indirect {
             if descs.len() > MAX_RAW_DESCS {
@@ -628,6 +712,7 @@ impl CryptoFrontend {
                 slot_size: ssize,
                 nslots,
                 busy: vec![false; usize::from(nslots)],
+                shape: vec![None; usize::from(nslots)],
                 desc_mode: cfg.desc_mode,
                 max_payload: cfg.max_payload,
                 max_iv: cfg.max_iv,

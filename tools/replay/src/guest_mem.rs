@@ -121,6 +121,20 @@ impl GuestMem {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
     }
 
+    /// Writes `data` at `gpa` unless the bytes there are already equal
+    /// (descriptors and headers that a slot reuses: an unchanged cache line
+    /// stays shared with the backend's CPU instead of bouncing to ours).
+    pub fn write_if_changed(&self, gpa: u64, data: &[u8]) {
+        let off = self.check(gpa, data.len());
+        // SAFETY: in bounds (checked). Used for driver-owned bytes only
+        // (descriptors, avail entries, request headers), which the backend
+        // never writes.
+        let cur = unsafe { std::slice::from_raw_parts(self.ptr.add(off), data.len()) };
+        if cur != data {
+            self.write(gpa, data);
+        }
+    }
+
     /// Reads bytes at `gpa`.
     pub fn read(&self, gpa: u64, buf: &mut [u8]) {
         let off = self.check(gpa, buf.len());

@@ -5,7 +5,8 @@
 //! Modules: [`guest_mem`] (memfd guest memory), [`frontend`] (vhost-user
 //! negotiation, driver-side rings, session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
-//! (benchmark traces), [`raw`] (descriptor-level requests), [`spawn`] (`--spawn-daemon`).
+//! (benchmark traces), [`raw`] (descriptor-level requests), [`soak`]
+//! (seeded soak runs), [`spawn`] (`--spawn-daemon`).
 
 #![deny(missing_docs)]
 
@@ -14,5 +15,6 @@ pub mod gen;
 pub mod guest_mem;
 pub mod raw;
 pub mod replay;
+pub mod soak;
 pub mod spawn;
 pub mod trace;

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::{OpDataReq, VIRTIO_CRYPTO_CIPHER_AES_CBC};
+use vhost_user_crypto::wire::{AlgChainPara, OpDataReq, VIRTIO_CRYPTO_CIPHER_AES_CBC};
 
-use crate::frontend::{CryptoFrontend, Error, Used};
-use crate::trace::{hex, Dir, ExpectStatus, Req, Step, Trace};
+use crate::frontend::{CryptoFrontend, Error, Used, DIGEST_AREA};
+use crate::trace::{hex, ChainSession, Dir, ExpectStatus, Req, Step, Trace};
 
 /// Canary written over every output buffer before a request is submitted.
 pub const DST_CANARY: u8 = 0xA5;
@@ -51,7 +51,7 @@ pub struct Report {
     pub ops_per_sec: f64,
     /// Payload MiB per second.
     pub mib_per_sec: f64,
-    /// Median latency, µs (submit to reap).
+    /// Median latency, µs (submit to reap, measured on one request in 8).
     pub p50_us: f64,
     /// 99th percentile latency, µs.
     pub p99_us: f64,
@@ -59,6 +59,25 @@ pub struct Report {
     pub cpu_s: f64,
     /// The first few mismatches.
     pub first_mismatches: Vec<Mismatch>,
+    /// What each request produced, in trace order (only with
+    /// [`ReplayOptions::record`]; for comparing two backends).
+    #[serde(skip)]
+    pub outcomes: Vec<Outcome>,
+}
+
+/// What one request produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// 1-based trace line.
+    pub line: usize,
+    /// Status byte.
+    pub status: u8,
+    /// Used length.
+    pub used_len: u32,
+    /// The dst bytes after completion.
+    pub dst: Vec<u8>,
+    /// The hash-result bytes after completion (chained requests).
+    pub digest: Vec<u8>,
 }
 
 /// Replay settings.
@@ -72,9 +91,24 @@ pub struct ReplayOptions {
     pub timeout: Duration,
     /// Show a progress bar.
     pub progress: bool,
+    /// Keep every request's [`Outcome`] in the report.
+    pub record: bool,
 }
 
 const MAX_REPORTED: usize = 10;
+
+/// Requests submitted before the avail index is published (and the
+/// backend kicked if it asks for it), when the ring is not full first.
+const PUBLISH_EVERY: u16 = 32;
+
+/// A request in flight: the trace request, when it was submitted, its
+/// sequence number in the run.
+type InFlight<'a> = (&'a Req, Option<Instant>, u64);
+
+/// One request in this many has its latency measured (reading the clock
+/// twice per request is a tenth of the tool's time at a million requests
+/// per second).
+const LATENCY_SAMPLE: u64 = 8;
 
 struct Run<'a> {
     fe: &'a mut CryptoFrontend,
@@ -82,7 +116,12 @@ struct Run<'a> {
     report: Report,
     ids: HashMap<String, i64>,
     latencies: Vec<u32>,
-    inflight: Vec<Vec<Option<(&'a Req, Instant)>>>,
+    inflight: Vec<Vec<Option<InFlight<'a>>>>,
+    seq: u64,
+    /// Completions per status byte (turned into `status_counts` at the end).
+    status_counts: [u64; 256],
+    dst_buf: Vec<u8>,
+    outcomes: Vec<(u64, Outcome)>,
     bar: Option<indicatif::ProgressBar>,
 }
 
@@ -115,6 +154,7 @@ impl<'a> Run<'a> {
         key: &[u8],
         direction: Dir,
         expect_err: bool,
+        chain: Option<&ChainSession>,
     ) -> Result<(), Error> {
         let mut info = SymSessionInfo {
             cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
@@ -128,6 +168,17 @@ impl<'a> Run<'a> {
         };
         let n = key.len().min(info.cipher_key.len());
         info.cipher_key[..n].copy_from_slice(&key[..n]);
+        if let Some(c) = chain {
+            // ALGORITHM_CHAINING, hash_mode AUTH (spec §5.9.7.2.1).
+            info.op_type = 2;
+            info.hash_mode = 2;
+            info.hash_alg = c.mac.virtio();
+            info.hash_result_len = c.digest_len;
+            info.alg_chain_order = c.order.virtio();
+            info.auth_key_len = c.auth_key.len() as u32;
+            let n = c.auth_key.len().min(info.auth_key.len());
+            info.auth_key[..n].copy_from_slice(&c.auth_key[..n]);
+        }
         let id = self.fe.create_session(&info)?;
         self.report.sessions_created += u64::from(id > 0);
         match (expect_err, id < 0) {
@@ -142,7 +193,7 @@ impl<'a> Run<'a> {
     }
 
     fn check(&mut self, q: usize, u: Used) {
-        let Some((req, t0)) = self.inflight[q]
+        let Some((req, t0, seq)) = self.inflight[q]
             .get_mut(usize::from(u.slot))
             .and_then(Option::take)
         else {
@@ -154,25 +205,48 @@ impl<'a> Run<'a> {
             );
             return;
         };
-        self.latencies
-            .push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        if let Some(t0) = t0 {
+            self.latencies
+                .push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+        }
         self.report.requests += 1;
         self.report.bytes += req.src.len() as u64;
         if let Some(b) = &self.bar {
             b.inc(1);
         }
         let l = self.fe.queues[q].layout(u.slot);
-        let mut dst = vec![0u8; req.src.len()];
+        // Scratch buffers reused for every completion (no allocation).
+        let mut dst = std::mem::take(&mut self.dst_buf);
+        dst.clear();
+        dst.resize(req.src.len(), 0);
+        let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len as usize);
+        let mut digest = [0u8; DIGEST_AREA];
+        let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
         let status = {
             let mem = self.fe.queues[q].mem();
-            mem.read(l.dst, &mut dst);
+            mem.read(if req.in_place { l.src } else { l.dst }, &mut dst);
+            mem.read(l.digest, digest);
             mem.read_u8(l.status)
         };
-        *self
-            .report
-            .status_counts
-            .entry(ExpectStatus::name(status))
-            .or_default() += 1;
+        self.check_outcome(req, seq, u, status, &dst, digest);
+        self.dst_buf = dst;
+    }
+
+    fn check_outcome(&mut self, req: &Req, seq: u64, u: Used, status: u8, dst: &[u8], digest: &[u8]) {
+        let digest_len = digest.len();
+        if self.opts.record {
+            self.outcomes.push((
+                seq,
+                Outcome {
+                    line: req.line,
+                    status,
+                    used_len: u.len,
+                    dst: dst.to_vec(),
+                    digest: digest.to_vec(),
+                },
+            ));
+        }
+        self.status_counts[usize::from(status)] += 1;
         if status != req.status.byte() {
             self.mismatch(
                 req.line,
@@ -183,16 +257,27 @@ impl<'a> Run<'a> {
             return;
         }
         let want_len = if req.status == ExpectStatus::Ok {
-            req.src.len() as u32 + 1
+            (req.src.len() + digest_len) as u32 + 1
         } else {
             1
         };
         if u.len != want_len {
             self.mismatch(req.line, "used length", want_len.to_string(), u.len.to_string());
         }
+        if let Some(c) = &req.chain {
+            // Encrypt: the expected MAC; otherwise (decrypt, errors) the
+            // hash result keeps what the driver put there.
+            let want = match (&c.expect_digest, req.status) {
+                (Some(d), ExpectStatus::Ok) => d.clone(),
+                _ => digest_in_area(&c.digest_in, digest_len),
+            };
+            if digest != want {
+                self.mismatch(req.line, "hash result", hex(&want), hex(digest));
+            }
+        }
         if req.status == ExpectStatus::Ok {
             if let Some(want) = &req.dst {
-                if &dst != want {
+                if dst != want.as_slice() {
                     let at = dst.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
                     let end = (at + 16).min(dst.len());
                     self.mismatch(
@@ -203,7 +288,8 @@ impl<'a> Run<'a> {
                     );
                 }
             }
-        } else if dst.iter().any(|&b| b != DST_CANARY) {
+        } else if (req.in_place && dst != req.src) || (!req.in_place && dst.iter().any(|&b| b != DST_CANARY))
+        {
             self.mismatch(
                 req.line,
                 "dst (must be untouched on error)",
@@ -256,30 +342,70 @@ impl<'a> Run<'a> {
                 (Some(name), None) => self.ids.get(name).copied().unwrap_or(0) as u64,
                 (None, None) => 0,
             };
-            let hdr = OpDataReq {
+            let mut hdr = OpDataReq {
                 opcode: match req.opcode {
                     Dir::Encrypt => 0,
                     Dir::Decrypt => 1,
                 },
                 algo: 0,
                 session_id: sid,
-                op_type: 1,
+                op_type: if req.chain.is_some() { 2 } else { 1 },
                 iv_len: req.iv.len() as u32,
                 src_data_len: req.src.len() as u32,
                 dst_data_len: req.src.len() as u32,
-            };
+            }
+            .to_bytes();
+            if let Some(c) = &req.chain {
+                AlgChainPara {
+                    cipher_start_src_offset: c.cipher_offset,
+                    len_to_cipher: c.cipher_len,
+                    hash_start_src_offset: c.hash_offset,
+                    len_to_hash: c.hash_len,
+                    aad_len: 0,
+                    hash_result_len: c.digest_len,
+                }
+                .write_to(&mut hdr);
+            }
+            let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len);
             let dq = &mut self.fe.queues[q];
             let l = dq.layout(slot);
             let mem = dq.mem();
-            mem.write(l.hdr, &hdr.to_bytes());
+            mem.write_if_changed(l.hdr, &hdr);
             mem.write(l.iv, &req.iv);
             mem.write(l.src, &req.src);
-            mem.fill(l.dst, req.src.len(), DST_CANARY);
+            if !req.in_place {
+                let n = req.src.len();
+                if req.status == ExpectStatus::Ok && req.dst.is_some() && n > 32 {
+                    // Every output byte is compared with the expected one: a
+                    // canary at both ends is enough to catch a backend that
+                    // leaves the buffer alone (and the slot's previous output).
+                    mem.fill(l.dst, 16, DST_CANARY);
+                    mem.fill(l.dst + n as u64 - 16, 16, DST_CANARY);
+                } else {
+                    mem.fill(l.dst, n, DST_CANARY);
+                }
+            }
+            if let Some(c) = &req.chain {
+                mem.write(l.digest, &digest_in_area(&c.digest_in, DIGEST_AREA));
+            }
             mem.write(l.status, &[STATUS_CANARY]);
-            dq.submit(slot, req.iv.len() as u32, req.src.len() as u32);
-            self.inflight[q][usize::from(slot)] = Some((req, Instant::now()));
+            dq.submit_request(
+                slot,
+                req.iv.len() as u32,
+                req.src.len() as u32,
+                digest_len,
+                req.in_place,
+            );
+            let seq = self.seq;
+            self.seq += 1;
+            let t0 = (seq % LATENCY_SAMPLE == 0).then(Instant::now);
+            self.inflight[q][usize::from(slot)] = Some((req, t0, seq));
             if dq.next_slot().is_none() || dq.in_flight() >= self.opts.queue_depth {
                 self.drain(q, false)?;
+            } else if dq.unpublished() >= PUBLISH_EVERY {
+                // Hand requests over in groups rather than only when the
+                // ring is full, so the backend works while we submit.
+                dq.publish_and_kick()?;
             }
         }
         for q in 0..nq {
@@ -295,7 +421,7 @@ impl<'a> Run<'a> {
 /// Transport failures (a mismatch is not an error: see [`Report`]).
 pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> Result<Report, Error> {
     let total = trace.requests() as u64 * u64::from(opts.repeat);
-    let slots: Vec<Vec<Option<(&Req, Instant)>>> = fe
+    let slots: Vec<Vec<Option<InFlight<'_>>>> = fe
         .queues
         .iter()
         .map(|q| vec![None; usize::from(q.size)])
@@ -315,6 +441,10 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         ids: HashMap::new(),
         latencies: Vec::with_capacity(total.min(50_000_000) as usize),
         inflight: slots,
+        seq: 0,
+        status_counts: [0; 256],
+        dst_buf: Vec::new(),
+        outcomes: Vec::new(),
         bar,
     };
     let cpu0 = cpu_seconds();
@@ -329,7 +459,8 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     key,
                     direction,
                     expect_err,
-                } => run.create(*line, name, key, *direction, *expect_err)?,
+                    chain,
+                } => run.create(*line, name, key, *direction, *expect_err, chain.as_ref())?,
                 Step::Raw(r) => {
                     let ids = &run.ids;
                     let lookup = |name: &str| ids.get(name).copied().unwrap_or(0) as u64;
@@ -362,6 +493,14 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         b.finish_and_clear();
     }
     let mut r = run.report;
+    for (b, &n) in run.status_counts.iter().enumerate() {
+        if n > 0 {
+            *r.status_counts.entry(ExpectStatus::name(b as u8)).or_default() += n;
+        }
+    }
+    let mut outcomes = run.outcomes;
+    outcomes.sort_unstable_by_key(|o| o.0);
+    r.outcomes = outcomes.into_iter().map(|o| o.1).collect();
     r.cpu_s = cpu_seconds() - cpu0;
     r.elapsed_s = busy.as_secs_f64();
     if r.elapsed_s > 0.0 {
@@ -380,6 +519,78 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     r.p50_us = pct(0.50);
     r.p99_us = pct(0.99);
     Ok(r)
+}
+
+/// The hash-result area a driver hands over: its digest, then the canary.
+fn digest_in_area(digest_in: &[u8], len: usize) -> Vec<u8> {
+    let mut v = vec![DST_CANARY; len];
+    let n = digest_in.len().min(len);
+    v[..n].copy_from_slice(&digest_in[..n]);
+    v
+}
+
+/// How two backends' outcomes of the same trace compare.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Comparison {
+    /// Requests compared.
+    pub compared: u64,
+    /// Differences in status, dst or hash result (and in the number of
+    /// completions).
+    pub differences: u64,
+    /// Requests whose used lengths differ (reported, not counted as
+    /// differences: DPDK 22.11 reports dst + digest + 1 for a failed
+    /// verify too, this project 1; protocol reference §5.7).
+    pub used_len_differences: u64,
+    /// The first differences (field, first backend, second backend).
+    pub first_differences: Vec<Mismatch>,
+}
+
+/// Compares the outcomes of the same trace on two backends request by
+/// request: status, dst and hash result byte for byte, and used lengths
+/// (separately); keeps the first `max` differences.
+pub fn compare_outcomes(a: &[Outcome], b: &[Outcome], max: usize) -> Comparison {
+    let mut n = 0u64;
+    let mut used = 0u64;
+    let mut first = Vec::new();
+    let mut note = |line: usize, field: &str, x: String, y: String| {
+        n += 1;
+        if first.len() < max {
+            first.push(Mismatch {
+                line,
+                field: field.into(),
+                expected: x,
+                got: y,
+            });
+        }
+    };
+    if a.len() != b.len() {
+        note(0, "requests completed", a.len().to_string(), b.len().to_string());
+    }
+    for (x, y) in a.iter().zip(b) {
+        if x.status != y.status {
+            note(
+                x.line,
+                "status",
+                ExpectStatus::name(x.status),
+                ExpectStatus::name(y.status),
+            );
+        }
+        if x.used_len != y.used_len {
+            used += 1;
+        }
+        if x.dst != y.dst {
+            note(x.line, "dst", hex(&x.dst), hex(&y.dst));
+        }
+        if x.digest != y.digest {
+            note(x.line, "hash result", hex(&x.digest), hex(&y.digest));
+        }
+    }
+    Comparison {
+        compared: a.len().min(b.len()) as u64,
+        differences: n,
+        used_len_differences: used,
+        first_differences: first,
+    }
 }
 
 impl Report {

@@ -17,14 +17,25 @@
 //! ```text
 //! {"op":"generate","session":"s1","opcode":"encrypt","size":256,"count":10000,"seed":1}
 //! ```
+//!
+//! Algorithm chaining (AES-CBC + HMAC): `create_session` takes `"mac"`,
+//! `"auth_key"`, `"digest_len"` and optionally `"chain_order"`; a request
+//! on such a session takes `"cipher_offset"`, `"cipher_len"`,
+//! `"hash_offset"`, `"hash_len"`, `"digest"` (the digest the driver
+//! supplies on decrypt) and `"expect":{"digest":…}` (the digest expected
+//! on encrypt), and optionally `"in_place": true`. Generated chained
+//! requests get their expected digests from the RustCrypto `hmac` crate,
+//! not from `ring`, which the daemon uses.
 
 use std::collections::HashMap;
 use std::io::BufRead;
 
 use algorithms::{aes_cbc, Direction};
+use hmac::{Hmac, Mac as _};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use crate::frontend::DIGEST_AREA;
 use crate::raw::RawReq;
 
 /// Expected request status (`VIRTIO_CRYPTO_*`).
@@ -97,6 +108,108 @@ pub struct Expect {
     /// Expected output bytes, hex.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dst: Option<String>,
+    /// Expected hash result of a chained encrypt request, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// `mac` values of a chaining session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MacName {
+    /// HMAC-SHA1 (`VIRTIO_CRYPTO_MAC_HMAC_SHA1`).
+    #[serde(rename = "hmac-sha1")]
+    HmacSha1,
+    /// HMAC-SHA-256 (`VIRTIO_CRYPTO_MAC_HMAC_SHA_256`).
+    #[serde(rename = "hmac-sha256")]
+    HmacSha256,
+}
+
+impl MacName {
+    /// The `VIRTIO_CRYPTO_MAC_*` value.
+    pub fn virtio(self) -> u32 {
+        match self {
+            MacName::HmacSha1 => 2,
+            MacName::HmacSha256 => 4,
+        }
+    }
+
+    /// Full tag length in bytes.
+    pub fn output_len(self) -> usize {
+        match self {
+            MacName::HmacSha1 => 20,
+            MacName::HmacSha256 => 32,
+        }
+    }
+
+    /// HMAC of `data` under `key` by the RustCrypto `hmac`/`sha1`/`sha2`
+    /// crates (independent of the daemon's `ring`), full length.
+    pub fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
+        match self {
+            MacName::HmacSha1 => {
+                let mut m = <Hmac<sha1::Sha1>>::new_from_slice(key).expect("HMAC takes any key length");
+                m.update(data);
+                m.finalize().into_bytes().to_vec()
+            }
+            MacName::HmacSha256 => {
+                let mut m = <Hmac<sha2::Sha256>>::new_from_slice(key).expect("HMAC takes any key length");
+                m.update(data);
+                m.finalize().into_bytes().to_vec()
+            }
+        }
+    }
+}
+
+/// `chain_order` values (`VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChainOrder {
+    /// HASH_THEN_CIPHER (1).
+    HashThenCipher,
+    /// CIPHER_THEN_HASH (2).
+    CipherThenHash,
+}
+
+impl ChainOrder {
+    /// The wire value.
+    pub fn virtio(self) -> u8 {
+        match self {
+            ChainOrder::HashThenCipher => 1,
+            ChainOrder::CipherThenHash => 2,
+        }
+    }
+}
+
+/// The chaining part of a session.
+#[derive(Debug, Clone)]
+pub struct ChainSession {
+    /// MAC algorithm.
+    pub mac: MacName,
+    /// Auth key bytes.
+    pub auth_key: Zeroizing<Vec<u8>>,
+    /// Digest (hash result) length in bytes.
+    pub digest_len: u32,
+    /// Chaining order.
+    pub order: ChainOrder,
+}
+
+/// The chaining part of a request (offsets relative to src, bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainReq {
+    /// `cipher_start_src_offset`.
+    pub cipher_offset: u32,
+    /// `len_to_cipher`.
+    pub cipher_len: u32,
+    /// `hash_start_src_offset`.
+    pub hash_offset: u32,
+    /// `len_to_hash`.
+    pub hash_len: u32,
+    /// `hash_result_len`, and the size of the hash-result buffer.
+    pub digest_len: u32,
+    /// What the hash-result buffer holds before submission (the driver's
+    /// digest on decrypt).
+    pub digest_in: Vec<u8>,
+    /// Expected hash result after an OK completion (encrypt).
+    pub expect_digest: Option<Vec<u8>>,
 }
 
 /// One trace line.
@@ -116,6 +229,19 @@ pub enum Line {
         /// `{"status":"err"}` when a negative id is expected.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         expect: Option<Expect>,
+        /// MAC of a chaining session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mac: Option<MacName>,
+        /// Auth key of a chaining session, hex.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth_key: Option<String>,
+        /// Digest length of a chaining session (default: the full hash).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        digest_len: Option<u32>,
+        /// Chaining order (default: cipher_then_hash for encrypt,
+        /// hash_then_cipher for decrypt).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chain_order: Option<ChainOrder>,
     },
     /// A data request.
     Request {
@@ -134,6 +260,27 @@ pub enum Line {
         /// Data queue (default: spread round robin).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         queue: Option<u16>,
+        /// Chaining: first src byte the cipher covers (default 0).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cipher_offset: Option<u32>,
+        /// Chaining: bytes the cipher covers (default: the rest of src).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cipher_len: Option<u32>,
+        /// Chaining: first src byte the MAC covers (default 0).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hash_offset: Option<u32>,
+        /// Chaining: bytes the MAC covers (default: the rest of src).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hash_len: Option<u32>,
+        /// Chaining: the digest the driver supplies (decrypt), hex.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        digest: Option<String>,
+        /// Chaining: `hash_result_len` (default: the session's digest length).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        digest_len: Option<u32>,
+        /// The dst descriptor points at src (DPDK's guest driver does this).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_place: Option<bool>,
         /// Expected result.
         expect: Expect,
     },
@@ -157,6 +304,13 @@ pub enum Line {
         /// PRNG seed.
         #[serde(default)]
         seed: u64,
+        /// Chained sessions: first src byte the cipher covers (default:
+        /// `size % 16`, so the rest is whole blocks).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cipher_offset: Option<u32>,
+        /// Chained sessions: dst at the src address.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        in_place: Option<bool>,
     },
 }
 
@@ -181,6 +335,10 @@ pub struct Req {
     pub status: ExpectStatus,
     /// Expected output.
     pub dst: Option<Vec<u8>>,
+    /// Algorithm chaining fields (op_type ALGORITHM_CHAINING).
+    pub chain: Option<ChainReq>,
+    /// dst descriptor at the src address.
+    pub in_place: bool,
 }
 
 /// A step of a trace.
@@ -198,6 +356,8 @@ pub enum Step {
         direction: Dir,
         /// Whether a negative id is expected.
         expect_err: bool,
+        /// Chaining session parameters.
+        chain: Option<ChainSession>,
     },
     /// Run requests (pipelined).
     Requests(Vec<Req>),
@@ -274,6 +434,81 @@ impl Rng {
     }
 }
 
+/// One generated chained request: random IV and message; the cipher
+/// covers `[cipher_offset, size)`, the MAC all of src (encrypt: of the
+/// output). Expected values come from `algorithms::aes_cbc` (pinned by the
+/// NIST vectors) and RustCrypto's `hmac`.
+#[allow(clippy::too_many_arguments)]
+fn generate_chained(
+    line: usize,
+    session: &str,
+    key: &[u8],
+    session_dir: Dir,
+    c: &ChainSession,
+    opcode: Dir,
+    size: usize,
+    cipher_offset: usize,
+    in_place: bool,
+    rng: &mut Rng,
+) -> Req {
+    let mut iv = [0u8; 16];
+    let mut msg = vec![0u8; size];
+    rng.fill(&mut iv);
+    rng.fill(&mut msg);
+    let dl = c.digest_len as usize;
+    let cipher = |dir: Direction, data: &mut [u8]| aes_cbc(dir, key, &iv, &mut data[cipher_offset..]).is_ok();
+    let ok = session_dir == opcode && dl <= c.mac.output_len();
+    let (src, dst, digest_in, expect_digest) = match opcode {
+        // dst = E(src); the MAC of dst is expected back.
+        Dir::Encrypt => {
+            let mut dst = msg.clone();
+            let ok = ok && cipher(Direction::Encrypt, &mut dst);
+            let tag = c.mac.hmac(&c.auth_key, &dst);
+            (
+                msg,
+                ok.then_some(dst),
+                Vec::new(),
+                ok.then(|| tag[..dl.min(tag.len())].to_vec()),
+            )
+        }
+        // src = E(msg) with the MAC of src supplied; msg is expected back.
+        Dir::Decrypt => {
+            let mut ct = msg.clone();
+            cipher(Direction::Encrypt, &mut ct);
+            let tag = c.mac.hmac(&c.auth_key, &ct);
+            (ct, ok.then_some(msg), tag[..dl.min(tag.len())].to_vec(), None)
+        }
+    };
+    Req {
+        line,
+        session: Some(session.to_string()),
+        session_id: None,
+        opcode,
+        iv: iv.to_vec(),
+        chain: Some(ChainReq {
+            cipher_offset: cipher_offset as u32,
+            cipher_len: (size - cipher_offset) as u32,
+            hash_offset: 0,
+            hash_len: size as u32,
+            digest_len: c.digest_len,
+            digest_in,
+            expect_digest,
+        }),
+        src,
+        queue: None,
+        status: if dst.is_some() {
+            ExpectStatus::Ok
+        } else {
+            ExpectStatus::Err
+        },
+        dst,
+        in_place,
+    }
+}
+
+/// What the parser remembers of a created session: key, direction, chaining.
+type SessionKeys = (Zeroizing<Vec<u8>>, Dir, Option<ChainSession>);
+
 impl Trace {
     /// Parses a trace from a reader.
     ///
@@ -281,7 +516,7 @@ impl Trace {
     /// [`TraceError::Line`] with the 1-based line number for a bad line.
     pub fn parse(r: impl BufRead) -> Result<Trace, TraceError> {
         let mut t = Trace::default();
-        let mut keys: HashMap<String, (Zeroizing<Vec<u8>>, Dir)> = HashMap::new();
+        let mut keys: HashMap<String, SessionKeys> = HashMap::new();
         for (i, line) in r.lines().enumerate() {
             let n = i + 1;
             let line = line.map_err(|e| TraceError::Line(n, e.to_string()))?;
@@ -299,11 +534,30 @@ impl Trace {
                     key,
                     direction,
                     expect,
+                    mac,
+                    auth_key,
+                    digest_len,
+                    chain_order,
                 } => {
                     if algo != "aes-cbc" {
                         return Err(bad(format!("unknown algo {algo:?} (only aes-cbc)")));
                     }
                     let key = Zeroizing::new(unhex(&key).map_err(bad)?);
+                    let chain = match mac {
+                        Some(mac) => Some(ChainSession {
+                            mac,
+                            auth_key: Zeroizing::new(unhex(auth_key.as_deref().unwrap_or("")).map_err(bad)?),
+                            digest_len: digest_len.unwrap_or(mac.output_len() as u32),
+                            order: chain_order.unwrap_or(match direction {
+                                Dir::Encrypt => ChainOrder::CipherThenHash,
+                                Dir::Decrypt => ChainOrder::HashThenCipher,
+                            }),
+                        }),
+                        None if auth_key.is_some() || digest_len.is_some() || chain_order.is_some() => {
+                            return Err(bad("auth_key, digest_len and chain_order need a mac".into()));
+                        }
+                        None => None,
+                    };
                     let expect_err = matches!(
                         expect,
                         Some(Expect {
@@ -311,13 +565,14 @@ impl Trace {
                             ..
                         })
                     );
-                    keys.insert(name.clone(), (key.clone(), direction));
+                    keys.insert(name.clone(), (key.clone(), direction, chain.clone()));
                     t.steps.push(Step::Create {
                         line: n,
                         name,
                         key,
                         direction,
                         expect_err,
+                        chain,
                     });
                 }
                 Line::CloseSession { name } => t.steps.push(Step::Close { line: n, name }),
@@ -333,11 +588,58 @@ impl Trace {
                     iv,
                     src,
                     queue,
+                    cipher_offset,
+                    cipher_len,
+                    hash_offset,
+                    hash_len,
+                    digest,
+                    digest_len,
+                    in_place,
                     expect,
                 } => {
                     if session.is_none() == session_id.is_none() {
                         return Err(bad("a request needs exactly one of session and session_id".into()));
                     }
+                    let session_chain = session
+                        .as_ref()
+                        .and_then(|s| keys.get(s))
+                        .and_then(|k| k.2.as_ref());
+                    let chain_fields = [cipher_offset, cipher_len, hash_offset, hash_len, digest_len]
+                        .iter()
+                        .any(Option::is_some)
+                        || digest.is_some()
+                        || expect.digest.is_some();
+                    let chain = if session_chain.is_some() || chain_fields {
+                        let len = unhex(&src).map_err(bad)?.len() as u32;
+                        let co = cipher_offset.unwrap_or(0);
+                        let ho = hash_offset.unwrap_or(0);
+                        let digest_in = digest
+                            .as_deref()
+                            .map(unhex)
+                            .transpose()
+                            .map_err(bad)?
+                            .unwrap_or_default();
+                        let dl = digest_len
+                            .or(session_chain.map(|c| c.digest_len))
+                            .unwrap_or(digest_in.len() as u32);
+                        if dl as usize > DIGEST_AREA || digest_in.len() > dl as usize {
+                            return Err(bad(format!(
+                                "digest of {} bytes in a hash result of {dl} (at most {DIGEST_AREA})",
+                                digest_in.len()
+                            )));
+                        }
+                        Some(ChainReq {
+                            cipher_offset: co,
+                            cipher_len: cipher_len.unwrap_or(len.saturating_sub(co)),
+                            hash_offset: ho,
+                            hash_len: hash_len.unwrap_or(len.saturating_sub(ho)),
+                            digest_len: dl,
+                            digest_in,
+                            expect_digest: expect.digest.as_deref().map(unhex).transpose().map_err(bad)?,
+                        })
+                    } else {
+                        None
+                    };
                     let req = Req {
                         line: n,
                         session,
@@ -348,6 +650,8 @@ impl Trace {
                         queue,
                         status: expect.status.unwrap_or(ExpectStatus::Ok),
                         dst: expect.dst.as_deref().map(unhex).transpose().map_err(bad)?,
+                        chain,
+                        in_place: in_place.unwrap_or(false),
                     };
                     t.push_request(req);
                 }
@@ -357,15 +661,41 @@ impl Trace {
                     size,
                     count,
                     seed,
+                    cipher_offset,
+                    in_place,
                 } => {
+                    let (key, dir, chain) = keys
+                        .get(&session)
+                        .ok_or_else(|| bad(format!("generate for unknown session {session:?}")))?;
+                    if let Some(c) = chain {
+                        let co = cipher_offset.map_or(size % 16, |o| o as usize);
+                        if size == 0 || co > size || (size - co) % 16 != 0 {
+                            return Err(bad(format!(
+                                "generate size {size} with cipher_offset {co}: the cipher range is not whole blocks"
+                            )));
+                        }
+                        let mut rng = Rng::new(seed);
+                        for _ in 0..count {
+                            t.push_request(generate_chained(
+                                n,
+                                &session,
+                                key,
+                                *dir,
+                                c,
+                                opcode,
+                                size,
+                                co,
+                                in_place.unwrap_or(false),
+                                &mut rng,
+                            ));
+                        }
+                        continue;
+                    }
                     if size == 0 || size % 16 != 0 {
                         return Err(bad(format!(
                             "generate size {size} is not a positive multiple of 16"
                         )));
                     }
-                    let (key, dir) = keys
-                        .get(&session)
-                        .ok_or_else(|| bad(format!("generate for unknown session {session:?}")))?;
                     let mut rng = Rng::new(seed);
                     for _ in 0..count {
                         let mut iv = vec![0u8; 16];
@@ -385,12 +715,30 @@ impl Trace {
                             queue: None,
                             status: if ok { ExpectStatus::Ok } else { ExpectStatus::Err },
                             dst: ok.then_some(dst),
+                            chain: None,
+                            in_place: in_place.unwrap_or(false),
                         });
                     }
                 }
             }
         }
         Ok(t)
+    }
+
+    /// Largest hash result of a request.
+    pub fn max_digest(&self) -> usize {
+        self.steps
+            .iter()
+            .flat_map(|s| match s {
+                Step::Requests(v) => v
+                    .iter()
+                    .filter_map(|r| r.chain.as_ref())
+                    .map(|c| c.digest_len as usize)
+                    .max(),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     fn push_request(&mut self, r: Req) {
