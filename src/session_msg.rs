@@ -454,6 +454,54 @@ mod tests {
     }
 
     #[test]
+    fn decodes_chaining_fields_at_reference_offsets() {
+        // AES-CBC + HMAC-SHA1 (2), digest 12, 20-byte auth key, hash_mode
+        // AUTH (2), CIPHER_THEN_HASH (2): offsets from the §1.3 tables.
+        let auth: Vec<u8> = (1..=20).collect();
+        let mut a = fixture_a();
+        put32(&mut a, 20, 2); // hash_alg
+        put32(&mut a, 24, 12); // hash_result_len
+        put32(&mut a, 28, 20); // auth_key_len
+        a[36] = 2; // op_type ALGORITHM_CHAINING
+        a[37] = 1; // direction ENCRYPT
+        a[38] = 2; // hash_mode
+        a[39] = 2; // alg_chain_order
+        a[120..140].copy_from_slice(&auth);
+        let mut b = fixture_b();
+        let mut c = fixture_c();
+        for p in [&mut b, &mut c] {
+            put32(p, 16, 2);
+            put32(p, 20, 12);
+            put32(p, 24, 20);
+            p[32] = 2;
+            p[33] = 1;
+            p[34] = 2;
+            p[35] = 2;
+            p[120..140].copy_from_slice(&auth);
+        }
+        for (fx, abi) in [(a, SessionAbi::A), (b, SessionAbi::B), (c, SessionAbi::C)] {
+            let i = decode_create(&fx, abi).unwrap();
+            assert_eq!(
+                (i.hash_alg, i.hash_result_len, i.auth_key_len, i.aad_len),
+                (2, 12, 20, 0),
+                "{abi:?}"
+            );
+            assert_eq!(
+                (i.op_type, i.direction, i.hash_mode, i.alg_chain_order),
+                (2, 1, 2, 2),
+                "{abi:?}"
+            );
+            assert_eq!(&i.auth_key[..20], &auth[..], "{abi:?}");
+            assert!(i.auth_key[20..].iter().all(|&x| x == 0), "{abi:?}");
+            // The reply zeroes the auth key array too.
+            let reply = create_reply(&fx, Some(abi), 7);
+            assert!(reply[VHOST_USER_HDR_SIZE + 120..VHOST_USER_HDR_SIZE + 632]
+                .iter()
+                .all(|&x| x == 0));
+        }
+    }
+
+    #[test]
     fn encoder_reproduces_the_fixtures() {
         for (fx, abi) in [
             (fixture_a(), SessionAbi::A),

@@ -429,6 +429,25 @@ pub fn run_program(prog: &SessionProgram) -> Outcome {
                             "decoded fields ({l:?})"
                         );
                         assert_eq!(&info.cipher_key[..], &f.key[..], "cipher key array");
+                        assert_eq!(
+                            (
+                                info.hash_alg,
+                                info.hash_result_len,
+                                info.auth_key_len,
+                                info.aad_len,
+                                info.hash_mode,
+                                info.alg_chain_order
+                            ),
+                            (
+                                f.hash_alg,
+                                f.hash_result_len,
+                                f.auth_key_len,
+                                f.aad_len,
+                                f.hash_mode,
+                                f.alg_chain_order
+                            ),
+                            "decoded chaining fields ({l:?})"
+                        );
                         let again = decode_create(&encode_create(l, &info), l).expect("re-decode");
                         assert!(again == info, "encode/decode round trip ({l:?})");
                         model.create(&f)
