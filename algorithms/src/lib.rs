@@ -285,6 +285,54 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         let skew = if longest >= 32 { SKEW_BLOCKS } else { 0 };
         let steps = longest + skew * nl.saturating_sub(1);
         let mut work = cipher::ParBlocks::<B>::default();
+        if skew == 0 && nl >= 2 && par >= MAX_LANES && blocks[..nl].iter().all(|&b| b == longest) {
+            // Every lane has a block at every step (equal lengths, no skew:
+            // the usual batch of same-size requests): no per-lane checks.
+            for step in 0..longest {
+                let off = step * AES_BLOCK_SIZE;
+                for i in 0..nl {
+                    let mut p = [0u8; AES_BLOCK_SIZE];
+                    p.copy_from_slice(&lanes[i].buf.get_in()[off..off + AES_BLOCK_SIZE]);
+                    work[i].copy_from_slice(&(u128::from_le_bytes(p) ^ state[i]).to_le_bytes());
+                }
+                backend.proc_par_blocks_inplace(&mut work);
+                for i in 0..nl {
+                    lanes[i].buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(&work[i]);
+                    let mut c = [0u8; AES_BLOCK_SIZE];
+                    c.copy_from_slice(&work[i]);
+                    state[i] = u128::from_le_bytes(c);
+                }
+            }
+        } else {
+            self::lanes_ragged(backend, lanes, &mut state, &blocks, nl, skew, steps, &mut work);
+        }
+        for (l, s) in lanes.iter_mut().zip(&state) {
+            l.iv = s.to_le_bytes();
+        }
+        // The work blocks hold ciphertext, which the lanes have anyway; clear
+        // them all the same so no message bytes stay on the stack.
+        for b in work.iter_mut() {
+            zeroize::Zeroize::zeroize(b.as_mut_slice());
+        }
+    }
+}
+
+/// The general multi-lane loop: lanes of different lengths, skewed starts,
+/// or a backend with fewer parallel blocks than lanes.
+#[allow(clippy::too_many_arguments)]
+fn lanes_ragged<B: cipher::BlockBackend<BlockSize = U16>>(
+    backend: &mut B,
+    lanes: &mut [Lane<'_>],
+    state: &mut [u128; MAX_LANES],
+    blocks: &[usize; MAX_LANES],
+    nl: usize,
+    skew: usize,
+    steps: usize,
+    work: &mut cipher::ParBlocks<B>,
+) {
+    {
+        use cipher::typenum::Unsigned;
+        let par = B::ParBlocksSize::USIZE;
         let mut which = [(0usize, 0usize); MAX_LANES];
         for step in 0..steps {
             let mut n = 0;
@@ -319,7 +367,7 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
                 // Two lanes or more: the pipelined call costs about the same
                 // as one block alone, whatever the unused blocks hold (their
                 // results are dropped).
-                _ => backend.proc_par_blocks_inplace(&mut work),
+                _ => backend.proc_par_blocks_inplace(work),
             }
             for (b, &(i, off)) in work[..n].iter().zip(&which[..n]) {
                 lanes[i].buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(b);
@@ -327,14 +375,6 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
                 c.copy_from_slice(b);
                 state[i] = u128::from_le_bytes(c);
             }
-        }
-        for (l, s) in lanes.iter_mut().zip(&state) {
-            l.iv = s.to_le_bytes();
-        }
-        // The work blocks hold ciphertext, which the lanes have anyway; clear
-        // them all the same so no message bytes stay on the stack.
-        for b in work.iter_mut() {
-            zeroize::Zeroize::zeroize(b.as_mut_slice());
         }
     }
 }

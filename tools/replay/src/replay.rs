@@ -316,6 +316,7 @@ impl<'a> Run<'a> {
 
     fn requests(&mut self, reqs: &'a [Req], rr: &mut usize) -> Result<(), Error> {
         let nq = self.fe.queues.len();
+        let mut last_session: Option<(&str, u64)> = None;
         for req in reqs {
             let q = match req.queue {
                 Some(q) if usize::from(q) < nq => usize::from(q),
@@ -339,7 +340,17 @@ impl<'a> Run<'a> {
             };
             let sid = match (&req.session, req.session_id) {
                 (_, Some(id)) => id,
-                (Some(name), None) => self.ids.get(name).copied().unwrap_or(0) as u64,
+                // Consecutive requests mostly name the same session: look
+                // the name up only when it changes (sessions are not created
+                // or closed inside a run of requests).
+                (Some(name), None) => match &last_session {
+                    Some((n, id)) if n == name => *id,
+                    _ => {
+                        let id = self.ids.get(name).copied().unwrap_or(0) as u64;
+                        last_session = Some((name.as_str(), id));
+                        id
+                    }
+                },
                 (None, None) => 0,
             };
             let mut hdr = OpDataReq {
