@@ -98,7 +98,8 @@ pub struct ReplayOptions {
 const MAX_REPORTED: usize = 10;
 
 /// Requests submitted before the avail index is published (and the
-/// backend kicked if it asks for it), when the ring is not full first.
+/// backend kicked if it asks for it), when the ring is not full first; at
+/// most a quarter of the queue depth.
 const PUBLISH_EVERY: u16 = 32;
 
 /// A request in flight: the trace request, when it was submitted, its
@@ -413,7 +414,7 @@ impl<'a> Run<'a> {
             self.inflight[q][usize::from(slot)] = Some((req, t0, seq));
             if dq.next_slot().is_none() || dq.in_flight() >= self.opts.queue_depth {
                 self.drain(q, false)?;
-            } else if dq.unpublished() >= PUBLISH_EVERY {
+            } else if dq.unpublished() >= PUBLISH_EVERY.min(self.opts.queue_depth / 4).max(1) {
                 // Hand requests over in groups rather than only when the
                 // ring is full, so the backend works while we submit.
                 dq.publish_and_kick()?;
