@@ -52,8 +52,10 @@ pub struct Args {
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_sessions: u32,
 
-    /// Largest cipher request (src_data_len) in bytes; larger requests complete with ERR.
-    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(16..))]
+    /// Largest cipher request (src_data_len) in bytes, 16 to 1 GiB; larger
+    /// requests complete with ERR. (The bound keeps every used length, up
+    /// to src + digest + status, within the used element's 32 bits.)
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(16..=1 << 30))]
     pub max_request_bytes: u32,
 
     /// Layout of CREATE_CRYPTO_SESSION payloads.
@@ -158,6 +160,17 @@ mod tests {
         assert_eq!((c.queues, c.max_sessions), (4, 8));
         assert_eq!(c.session_abi, AbiChoice::Fixed(SessionAbi::B));
         assert!(Args::try_parse_from(["x", "--socket-path", "/s", "--queues", "0"]).is_err());
+        for bad in ["15", "1073741825", "4294967295"] {
+            assert!(
+                Args::try_parse_from(["x", "--socket-path", "/s", "--max-request-bytes", bad]).is_err(),
+                "--max-request-bytes {bad}"
+            );
+        }
+        let c: Config =
+            Args::try_parse_from(["x", "--socket-path", "/s", "--max-request-bytes", "1073741824"])
+                .unwrap()
+                .into();
+        assert_eq!(c.limits.max_request_bytes, 1 << 30);
         assert!(Args::try_parse_from(["x", "--socket-path", "/s", "--session-abi", "d"]).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());
     }
