@@ -304,6 +304,14 @@ impl SessionSpec {
         std::array::from_fn(|i| self.key_byte ^ i as u8)
     }
 
+    /// Key bytes with the top bit set make an ALGORITHM_CHAINING session
+    /// (HMAC-SHA1 with bit 6, else HMAC-SHA-256; digest 1 + the low four
+    /// bits; the order that goes with the direction), so the worker's
+    /// chaining path is reached (its fields come from raw byte writes).
+    fn chaining(&self) -> bool {
+        self.key_byte & 0x80 != 0
+    }
+
     fn info(&self) -> SymSessionInfo {
         let mut info = SymSessionInfo {
             cipher_alg: 3,
@@ -313,6 +321,15 @@ impl SessionSpec {
             ..Default::default()
         };
         info.cipher_key.copy_from_slice(&self.key());
+        if self.chaining() {
+            info.op_type = 2;
+            info.hash_mode = 2;
+            info.hash_alg = if self.key_byte & 0x40 != 0 { 2 } else { 4 };
+            info.hash_result_len = 1 + u32::from(self.key_byte & 0x0f);
+            info.alg_chain_order = if self.direction == 1 { 2 } else { 1 };
+            info.auth_key_len = 20;
+            info.auth_key[..20].copy_from_slice(&self.key()[..20]);
+        }
         info
     }
 }
@@ -545,7 +562,8 @@ struct Machine {
     next_used: u16,
     avail_idx: u16,
     /// Live sessions: (id, direction, key).
-    sessions: Vec<(u64, Direction, Vec<u8>)>,
+    /// Live sessions: id, direction, cipher key, whether it is a chaining session.
+    sessions: Vec<(u64, Direction, Vec<u8>, bool)>,
     cursor: u64,
     next_desc: u16,
     next_slot: u64,
@@ -870,6 +888,8 @@ impl Machine {
             (_, None) => INVSESS,
             (ENCRYPT, Some(x)) if x.1 != Direction::Encrypt => ERR,
             (DECRYPT, Some(x)) if x.1 != Direction::Decrypt => ERR,
+            // A plain cipher request naming a chaining session.
+            (_, Some(x)) if x.3 => ERR,
             _ => OK,
         };
         let mut out = data.clone();
@@ -1101,7 +1121,7 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
             } else {
                 Direction::Decrypt
             };
-            sessions.push((id as u64, dir, s.key()[..s.key_len as usize].to_vec()));
+            sessions.push((id as u64, dir, s.key()[..s.key_len as usize].to_vec(), s.chaining()));
         }
     }
     let worker = QueueWorker::new(
@@ -1196,7 +1216,7 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
                         Direction::Decrypt
                     };
                     m.sessions
-                        .push((id as u64, dir, s.key()[..s.key_len as usize].to_vec()));
+                        .push((id as u64, dir, s.key()[..s.key_len as usize].to_vec(), s.chaining()));
                 }
             }
             QOp::Close(id) => {
