@@ -21,7 +21,7 @@
 //! (raw `VRING_DESC_F_*`) and `next` (relative to the request's first
 //! descriptor) are given. The descriptors go in one indirect table, or,
 //! with `"indirect": false` on a queue run with `--descriptors chain`, in a
-//! direct chain of at most 5 descriptors.
+//! direct chain of at most 6 descriptors (`DESCS_PER_REQUEST`).
 //!
 //! `expect`: `status` (omit it for a chain that must be *consumed*: used
 //! length 0 and no status written), `used_len`, optional `dst` (the first

@@ -135,7 +135,7 @@ impl SoakOptions {
     }
 
     /// The frontend settings a soak on `queues` queues needs: rings large
-    /// enough for `queue_depth` five-descriptor direct chains (unless
+    /// enough for `queue_depth` direct chains of `DESCS_PER_REQUEST` (unless
     /// indirect only), room for the largest request.
     pub fn frontend_config(&self, queues: u16, abi: SessionAbi) -> FrontendConfig {
         let (desc_mode, per_req) = match self.layouts {
