@@ -415,7 +415,7 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
     // The guest may change the table at any time: the descriptor is read
     // once, with accesses the compiler may neither repeat nor tear into
     // something else (atomic or volatile), and only the copy is used.
-    let raw = if p as usize % 8 == 0 {
+    if p as usize % 8 == 0 {
         // SAFETY: 8-aligned and in bounds; relaxed atomic loads of guest
         // memory that the guest may write concurrently.
         let (a, b) = unsafe {
@@ -426,16 +426,18 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
                     .load(std::sync::atomic::Ordering::Relaxed),
             )
         };
-        let mut raw = [0u8; DESC_SIZE];
-        raw[..8].copy_from_slice(&a.to_ne_bytes());
-        raw[8..].copy_from_slice(&b.to_ne_bytes());
-        raw
-    } else {
-        // SAFETY: in bounds; an indirect table at an odd address (the spec
-        // does not require alignment for those).
-        unsafe { ptr::read_volatile(p as *const [u8; DESC_SIZE]) }
-    };
-    Desc::from_bytes(raw)
+        // Little-endian fields: addr (u64), then len (u32), flags and next (u16).
+        let b = u64::from_le(b);
+        return Desc {
+            addr: u64::from_le(a),
+            len: b as u32,
+            flags: (b >> 32) as u16,
+            next: (b >> 48) as u16,
+        };
+    }
+    // SAFETY: in bounds; an indirect table at an address that is not
+    // 8-aligned (the spec does not require alignment for those).
+    Desc::from_bytes(unsafe { ptr::read_volatile(p as *const [u8; DESC_SIZE]) })
 }
 
 /// Reads `buf.len()` bytes at `offset` of a segment stream into `buf`.
