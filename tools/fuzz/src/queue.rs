@@ -1121,7 +1121,12 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
             } else {
                 Direction::Decrypt
             };
-            sessions.push((id as u64, dir, s.key()[..s.key_len as usize].to_vec(), s.chaining()));
+            sessions.push((
+                id as u64,
+                dir,
+                s.key()[..s.key_len as usize].to_vec(),
+                s.chaining(),
+            ));
         }
     }
     let worker = QueueWorker::new(
@@ -1215,8 +1220,12 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
                     } else {
                         Direction::Decrypt
                     };
-                    m.sessions
-                        .push((id as u64, dir, s.key()[..s.key_len as usize].to_vec(), s.chaining()));
+                    m.sessions.push((
+                        id as u64,
+                        dir,
+                        s.key()[..s.key_len as usize].to_vec(),
+                        s.chaining(),
+                    ));
                 }
             }
             QOp::Close(id) => {
