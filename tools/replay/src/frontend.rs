@@ -298,6 +298,11 @@ impl DriverQueue {
         &self.mem
     }
 
+    /// A shared handle on the memory.
+    pub fn mem_handle(&self) -> Arc<GuestMem> {
+        self.mem.clone()
+    }
+
     /// Number of request slots (the most requests in flight).
     pub fn slots(&self) -> u16 {
         self.nslots

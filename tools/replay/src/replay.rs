@@ -121,7 +121,8 @@ struct Run<'a> {
     seq: u64,
     /// Completions per status byte (turned into `status_counts` at the end).
     status_counts: [u64; 256],
-    dst_buf: Vec<u8>,
+    /// Each queue's guest memory (cloned once, not per completion).
+    mems: Vec<std::sync::Arc<crate::guest_mem::GuestMem>>,
     outcomes: Vec<(u64, Outcome)>,
     bar: Option<indicatif::ProgressBar>,
 }
@@ -216,21 +217,19 @@ impl<'a> Run<'a> {
             b.inc(1);
         }
         let l = self.fe.queues[q].layout(u.slot);
-        // Scratch buffers reused for every completion (no allocation).
-        let mut dst = std::mem::take(&mut self.dst_buf);
-        dst.clear();
-        dst.resize(req.src.len(), 0);
+        // The output is compared where the backend wrote it (no copy).
+        // (The handles are moved out for the call and back: no refcount
+        // traffic per completion.)
+        let mems = std::mem::take(&mut self.mems);
+        let mem = &mems[q];
+        let dst = mem.view(if req.in_place { l.src } else { l.dst }, req.src.len());
         let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len as usize);
         let mut digest = [0u8; DIGEST_AREA];
         let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
-        let status = {
-            let mem = self.fe.queues[q].mem();
-            mem.read(if req.in_place { l.src } else { l.dst }, &mut dst);
-            mem.read(l.digest, digest);
-            mem.read_u8(l.status)
-        };
-        self.check_outcome(req, seq, u, status, &dst, digest);
-        self.dst_buf = dst;
+        mem.read(l.digest, digest);
+        let status = mem.read_u8(l.status);
+        self.check_outcome(req, seq, u, status, dst, digest);
+        self.mems = mems;
     }
 
     fn check_outcome(&mut self, req: &Req, seq: u64, u: Used, status: u8, dst: &[u8], digest: &[u8]) {
@@ -446,6 +445,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         );
         b
     });
+    let mems = fe.queues.iter().map(|q| q.mem_handle()).collect();
     let mut run = Run {
         fe,
         opts,
@@ -455,7 +455,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         inflight: slots,
         seq: 0,
         status_counts: [0; 256],
-        dst_buf: Vec::new(),
+        mems,
         outcomes: Vec::new(),
         bar,
     };
