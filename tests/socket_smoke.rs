@@ -201,3 +201,70 @@ fn odd_create_payload_gets_negative_reply_without_disconnect() {
     let (st, len, dst) = run_one(&mut fe, 0, ok as u64, &hex(PT));
     assert_eq!((st, len, dst), (0, 65, hex(CT)));
 }
+
+/// A ring restarted while its suppression fields still say "no kicks" (as
+/// a polling worker leaves them when the ring is stopped under it, e.g. a
+/// VM paused under load, or a backend restarted): a request the guest made
+/// available without kicking is still taken once the ring is set up again,
+/// and the daemon's first batch resets the fields. (vhost-user-backend 0.24
+/// runs a ring's handler once when it registers its kick fd, see
+/// `VringEpollHandler::register_event`; this test keeps that true across
+/// upgrades.)
+#[test]
+fn ring_restarted_with_kicks_suppressed_is_not_stalled() {
+    let d = spawn_daemon(&[]);
+    let mut fe = CryptoFrontend::connect(&d.sock, &config(SessionAbi::C, DescMode::Indirect)).unwrap();
+    let e = fe.create_session(&session(1)).unwrap() as u64;
+    let (st, _, dst) = run_one(&mut fe, 0, e, &hex(PT));
+    assert_eq!((st, dst), (0, hex(CT)));
+    let base = fe.get_vring_base(0).unwrap();
+    assert_eq!(base, 1);
+    // What a worker that was polling leaves behind: VRING_USED_F_NO_NOTIFY
+    // and avail_event half the index space ahead.
+    let q = &mut fe.queues[0];
+    let ring = q.ring_addrs();
+    q.mem().write(ring.used, &1u16.to_le_bytes());
+    q.mem().write(
+        ring.used + 4 + 8 * u64::from(ring.size),
+        &(1u16 + 0x8000).to_le_bytes(),
+    );
+    // The guest makes a request available; the backend asked for no kick.
+    let slot = q.next_slot().unwrap();
+    let l = q.layout(slot);
+    let hdr = OpDataReq {
+        opcode: 0,
+        algo: 0,
+        session_id: e,
+        op_type: 1,
+        iv_len: 16,
+        src_data_len: 64,
+        dst_data_len: 64,
+    };
+    q.mem().write(l.hdr, &hdr.to_bytes());
+    q.mem().write(l.iv, &(0u8..16).collect::<Vec<_>>());
+    q.mem().write(l.src, &hex(PT));
+    q.mem().write(l.status, &[0xFF]);
+    q.submit(slot, 16, 64);
+    q.publish_and_kick().unwrap();
+    // QEMU restarts the ring at the index it was stopped at.
+    fe.restart_ring(0, base as u16).unwrap();
+    let q = &mut fe.queues[0];
+    let mut done = Vec::new();
+    q.reap(&mut done, Duration::from_secs(5))
+        .expect("request taken after the restart");
+    assert_eq!((done.len(), done[0].len), (1, 65));
+    let mut out = vec![0; 64];
+    q.mem().read(l.dst, &mut out);
+    assert_eq!((q.mem().read_u8(l.status), out), (0, hex(CT)));
+    // The worker's first batch reset the suppression fields (it is no
+    // longer polling a few ms later).
+    std::thread::sleep(Duration::from_millis(20));
+    let mut f = [0u8; 2];
+    q.mem().read(ring.used, &mut f);
+    assert_eq!(u16::from_le_bytes(f), 0, "used flags");
+    q.mem().read(ring.used + 4 + 8 * u64::from(ring.size), &mut f);
+    assert_eq!(u16::from_le_bytes(f), 2, "avail_event");
+    // And kicks work again.
+    let (st, _, dst) = run_one(&mut fe, 0, e, &hex(PT));
+    assert_eq!((st, dst), (0, hex(CT)));
+}

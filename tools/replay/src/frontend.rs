@@ -239,6 +239,19 @@ pub struct SlotLayout {
     pub digest: u64,
 }
 
+/// Guest addresses of a split ring.
+#[derive(Debug, Clone, Copy)]
+pub struct RingGpa {
+    /// Entries.
+    pub size: u16,
+    /// Descriptor table.
+    pub desc: u64,
+    /// Avail ring.
+    pub avail: u64,
+    /// Used ring.
+    pub used: u64,
+}
+
 /// A completed request.
 #[derive(Debug, Clone, Copy)]
 pub struct Used {
@@ -296,6 +309,17 @@ impl DriverQueue {
     /// The memory.
     pub fn mem(&self) -> &GuestMem {
         &self.mem
+    }
+
+    /// Guest addresses of this ring (size, descriptor table, avail and
+    /// used rings).
+    pub fn ring_addrs(&self) -> RingGpa {
+        RingGpa {
+            size: self.size,
+            desc: self.desc,
+            avail: self.avail,
+            used: self.used,
+        }
     }
 
     /// A shared handle on the memory.
@@ -829,5 +853,43 @@ impl CryptoFrontend {
         self.frontend
             .get_vring_base(q)
             .map_err(|e| Error::Vhost("GET_VRING_BASE", e))
+    }
+
+    /// Sets data ring `q` up again after [`CryptoFrontend::get_vring_base`]
+    /// stopped it, as QEMU does when it restarts a device: SET_VRING_NUM,
+    /// SET_VRING_BASE (`base`), SET_VRING_ADDR, SET_VRING_KICK and
+    /// SET_VRING_CALL with the same memory and eventfds. The guest side of
+    /// the ring (descriptors, avail and used rings) is left as it is.
+    ///
+    /// # Errors
+    /// Protocol failures.
+    pub fn restart_ring(&mut self, q: usize, base: u16) -> Result<(), Error> {
+        let v = |what: &'static str| move |e| Error::Vhost(what, e);
+        let dq = &self.queues[q];
+        let addr = VringConfigData {
+            queue_max_size: dq.size,
+            queue_size: dq.size,
+            flags: 0,
+            desc_table_addr: self.mem.va(dq.desc),
+            used_ring_addr: self.mem.va(dq.used),
+            avail_ring_addr: self.mem.va(dq.avail),
+            log_addr: None,
+        };
+        self.frontend
+            .set_vring_num(q, dq.size)
+            .map_err(v("SET_VRING_NUM"))?;
+        self.frontend
+            .set_vring_base(q, base)
+            .map_err(v("SET_VRING_BASE"))?;
+        self.frontend
+            .set_vring_addr(q, &addr)
+            .map_err(v("SET_VRING_ADDR"))?;
+        self.frontend
+            .set_vring_kick(q, &dq.kick)
+            .map_err(v("SET_VRING_KICK"))?;
+        self.frontend
+            .set_vring_call(q, &dq.call)
+            .map_err(v("SET_VRING_CALL"))?;
+        Ok(())
     }
 }
