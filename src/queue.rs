@@ -401,7 +401,10 @@ impl QueueWorker {
             // avail index, or a kick could be lost (driver/device race of
             // VIRTIO 1.2 §2.7.10).
             fence(Ordering::SeqCst);
-            if ring.avail_idx() == *next_avail {
+            // A polling caller calls again at once: return after each batch
+            // so its completions are notified now, not when a stream of
+            // requests that keeps this loop going finally pauses.
+            if self.polling || ring.avail_idx() == *next_avail {
                 break;
             }
         }

@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Batching and notification suppression of `QueueWorker::process`
+//! (VIRTIO 1.2 §2.7.7, §2.7.10), on a split ring in real guest memory:
+//! batch sizes, the used index per batch, `avail_event` and the used
+//! ring's flags while polling and after, and when a batch asks for a
+//! used-buffer notification (`used_event` with EVENT_IDX, the avail
+//! ring's NO_INTERRUPT flag without).
+
+mod common;
+
+use common::*;
+use vhost_user_crypto::queue::{vring_need_event, MAX_BATCH};
+
+/// Pushes `n` baseline encrypt requests (indirect tables, all on the
+/// same buffers) without processing them.
+fn push_requests(vm: &mut Vm, n: u16) {
+    let b = vm.baseline();
+    for _ in 0..n {
+        let head = vm.indirect(&b);
+        vm.push(head);
+    }
+}
+
+#[test]
+fn polling_caller_gets_one_batch_per_call_and_no_kicks() {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 200);
+    vm.worker.set_polling(true);
+    let mut seen = Vec::new();
+    while vm.next_avail != vm.avail_idx {
+        let r = vm.run();
+        seen.push(r.completed);
+        // Every batch is published before the call returns.
+        assert_eq!(vm.used_idx(), vm.next_used);
+        // While polling: no kicks wanted from either kind of driver.
+        assert_eq!(vm.u16_at(vm.ring.used), 1, "VRING_USED_F_NO_NOTIFY");
+        assert_eq!(vm.avail_event(), 200u16.wrapping_add(0x8000));
+    }
+    assert_eq!(seen, vec![64, 64, 64, 8], "batches of MAX_BATCH = {MAX_BATCH}");
+    vm.assert_done(vm.used(199), &NIST_CT);
+    // Polling ends: the next call asks for kicks again.
+    vm.worker.set_polling(false);
+    assert_eq!(vm.run().completed, 0);
+    assert_eq!(vm.u16_at(vm.ring.used), 0);
+    assert_eq!(vm.avail_event(), 200);
+}
+
+#[test]
+fn non_polling_caller_gets_everything_in_one_call() {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 200);
+    let r = vm.run();
+    assert_eq!(r.completed, 200);
+    assert_eq!(vm.used_idx(), 200);
+    assert_eq!(vm.u16_at(vm.ring.used), 0);
+    assert_eq!(vm.avail_event(), 200);
+    for i in 0..200 {
+        assert_eq!(vm.used(i).len, 65);
+    }
+}
+
+#[test]
+fn notify_follows_used_event_with_event_idx() {
+    let mut vm = Vm::new();
+    vm.worker.event_idx = true;
+    let used_event_at = vm.ring.avail + 4 + 2 * u64::from(vm.ring.size);
+    // used_event = 0: the driver wants to hear about used entry 0.
+    vm.write(used_event_at, &0u16.to_le_bytes());
+    push_requests(&mut vm, 3);
+    assert!(vm.run().notify, "batch 0..3 crosses used_event 0");
+    // used_event left at 0 (the driver is busy): the next batch is not notified.
+    push_requests(&mut vm, 3);
+    assert!(!vm.run().notify, "batch 3..6 does not cross used_event 0");
+    // The driver asks about entry 7; a batch of 2 (6..8) crosses it.
+    vm.write(used_event_at, &7u16.to_le_bytes());
+    push_requests(&mut vm, 2);
+    assert!(vm.run().notify);
+    // An empty call never notifies.
+    assert!(!vm.run().notify);
+    // The flag is ignored with EVENT_IDX.
+    vm.write(vm.ring.avail, &1u16.to_le_bytes());
+    vm.write(used_event_at, &8u16.to_le_bytes());
+    push_requests(&mut vm, 1);
+    assert!(vm.run().notify);
+}
+
+#[test]
+fn notify_follows_the_no_interrupt_flag_without_event_idx() {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 2);
+    assert!(vm.run().notify, "flags 0: notify");
+    vm.write(vm.ring.avail, &1u16.to_le_bytes()); // VRING_AVAIL_F_NO_INTERRUPT
+    push_requests(&mut vm, 2);
+    assert!(!vm.run().notify, "NO_INTERRUPT: no notification");
+    // used_event is not looked at without EVENT_IDX.
+    vm.write(vm.ring.avail, &0u16.to_le_bytes());
+    vm.write(
+        vm.ring.avail + 4 + 2 * u64::from(vm.ring.size),
+        &1000u16.to_le_bytes(),
+    );
+    push_requests(&mut vm, 2);
+    assert!(vm.run().notify);
+}
+
+#[test]
+fn vring_need_event_matches_the_spec_formula() {
+    // (u16)(new - event - 1) < (u16)(new - old), VIRTIO 1.2 §2.7.7.2.
+    assert!(vring_need_event(0, 1, 0));
+    assert!(vring_need_event(5, 8, 3));
+    assert!(!vring_need_event(8, 8, 3), "event not yet reached");
+    assert!(!vring_need_event(2, 8, 3), "event already passed before old");
+    assert!(vring_need_event(65535, 2, 65534), "across the wrap");
+    assert!(!vring_need_event(0x8005, 10, 5), "event half the space ahead");
+}
