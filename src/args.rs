@@ -32,7 +32,8 @@ pub enum SeccompArg {
     Off,
 }
 
-/// vhost-user backend for the virtio-crypto device (AES-CBC).
+/// vhost-user backend for the virtio-crypto device (AES-CBC, and AES-CBC
+/// chained with HMAC-SHA1 / HMAC-SHA-256).
 ///
 /// Serves one frontend (QEMU's `-object cryptodev-vhost-user`) at a time on
 /// a Unix socket, and accepts the next one with fresh state after a

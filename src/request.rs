@@ -857,7 +857,9 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
 }
 
 /// Checks the chaining fields against src (`src_len` bytes) and the
-/// session: both ranges inside src (sums in 64 bits, so no field can wrap
+/// session (an empty src, or empty cipher and hash ranges, are valid: a
+/// MAC over an empty message is well defined, RFC 2104; unlike a plain
+/// cipher request of 0 bytes, which has no output and gets ERR): both ranges inside src (sums in 64 bits, so no field can wrap
 /// them), the cipher range whole AES blocks, and the request's
 /// `hash_result_len` equal to the session's digest length (so never longer
 /// than the hash). Any failure is ERR (DPDK's `vhost_crypto_check_chain_request`

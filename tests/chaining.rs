@@ -345,6 +345,35 @@ fn bad_chain_fields_are_err() {
     assert_chain_ok(&vm, u, &dst, &hmac(Mac::Sha1, &auth, &dst)[..12]);
 }
 
+#[test]
+fn empty_src_gives_the_mac_of_the_empty_message() {
+    // A chaining request with 0 bytes of src is valid (unlike a plain
+    // cipher request of 0 bytes): the hash result is HMAC("") truncated,
+    // used length 0 + digest + 1.
+    let mut vm = Vm::new();
+    let auth: Vec<u8> = (1..=20).collect();
+    let sid = chain_session(&mut vm, true, &NIST_KEY, Mac::Sha1, &auth, 12);
+    let p = para((0, 0), (0, 0), 12);
+    let mut b = stage(&vm, &header(ENCRYPT, sid, 0, p), &[], &[], 12);
+    b.retain(|x| x.len > 0);
+    let u = vm.submit(&b);
+    assert_chain_ok(&vm, u, &[], &hmac(Mac::Sha1, &auth, b"")[..12]);
+    // The same on decrypt: the digest of the empty message verifies, a
+    // wrong one does not.
+    let dsid = chain_session(&mut vm, false, &NIST_KEY, Mac::Sha1, &auth, 12);
+    let good = hmac(Mac::Sha1, &auth, b"");
+    let mut b = stage(&vm, &header(DECRYPT, dsid, 0, p), &[], &good[..12], 12);
+    b.retain(|x| x.len > 0);
+    let u = vm.submit(&b);
+    assert_chain_ok(&vm, u, &[], &good[..12]);
+    let mut bad = good[..12].to_vec();
+    bad[3] ^= 0x40;
+    let mut b = stage(&vm, &header(DECRYPT, dsid, 0, p), &[], &bad, 12);
+    b.retain(|x| x.len > 0);
+    let u = vm.submit(&b);
+    assert_chain_failed(&vm, u, ERR, &bad);
+}
+
 /// Random chained requests, random offsets, random descriptor cuts of
 /// src, dst and the hash result, both directions and MACs: every output
 /// equals OpenSSL's.
