@@ -20,8 +20,7 @@ use std::io::{self, BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -99,13 +98,27 @@ fn hex(s: &str) -> Vec<u8> {
 
 // ---- the daemon process ----
 
-/// The daemon under test; killed on drop (its log is printed if the test failed).
+#[path = "common/daemon.rs"]
+mod daemon;
+
+/// The daemon under test (RUST_LOG=warn, log in a file) with a watchdog;
+/// killed on drop (its log is printed if the test failed).
 struct Daemon {
-    child: Child,
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-    log: PathBuf,
+    inner: daemon::Daemon,
     watchdog: Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = daemon::Daemon;
+    fn deref(&self) -> &daemon::Daemon {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut daemon::Daemon {
+        &mut self.inner
+    }
 }
 
 impl Drop for Daemon {
@@ -114,8 +127,7 @@ impl Drop for Daemon {
             let _ = stop.send(());
             let _ = t.join();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.inner.stop();
         if std::thread::panicking() {
             eprintln!("---- daemon log (tail) ----\n{}", self.log_tail(4000));
         }
@@ -124,29 +136,8 @@ impl Drop for Daemon {
 
 impl Daemon {
     fn spawn(extra: &[&str]) -> Daemon {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("crypto.sock");
-        let log = dir.path().join("daemon.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
-            .arg("--socket-path")
-            .arg(&sock)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        while !sock.exists() {
-            assert!(start.elapsed() < Duration::from_secs(10), "daemon did not listen");
-            std::thread::sleep(Duration::from_millis(5));
-        }
         Daemon {
-            child,
-            _dir: dir,
-            sock,
-            log,
+            inner: daemon::spawn_daemon_logged(extra, "warn"),
             watchdog: None,
         }
         .with_watchdog(WATCHDOG)
@@ -210,14 +201,14 @@ impl Daemon {
     }
 
     fn log_tail(&self, bytes: usize) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let s = std::fs::read_to_string(self.log()).unwrap_or_default();
         let cut = s.len().saturating_sub(bytes);
         let cut = (cut..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
         s[cut..].to_string()
     }
 
     fn log_len(&self) -> u64 {
-        std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0)
+        std::fs::metadata(self.log()).map(|m| m.len()).unwrap_or(0)
     }
 
     fn proc_file(&self, name: &str) -> String {

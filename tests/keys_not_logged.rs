@@ -9,14 +9,16 @@
 //! array), and as raw bytes. The check can fail: the same search finds the
 //! key in a log line written on purpose (`key_search_finds_a_planted_key`).
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, ReplayOptions};
 use vhost_crypto_replay::trace::{hex, Trace};
 use vhost_user_crypto::session_msg::SessionAbi;
+
+#[path = "common/daemon.rs"]
+mod daemon;
+use daemon::spawn_daemon_logged;
 
 /// Distinctive keys: no run of them occurs by chance in a log.
 fn keys() -> Vec<Vec<u8>> {
@@ -92,23 +94,8 @@ fn trace_for(keys: &[Vec<u8>]) -> String {
 
 #[test]
 fn keys_never_reach_the_trace_level_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crypto.sock");
-    let log_path = dir.path().join("daemon.log");
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
-        .arg("--socket-path")
-        .arg(&sock)
-        .env("RUST_LOG", "trace")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut daemon = spawn_daemon_logged(&[], "trace");
+    let sock = daemon.sock.clone();
     let keys = keys();
     let trace = Trace::parse(trace_for(&keys).as_bytes()).unwrap();
     for abi in [SessionAbi::A, SessionAbi::B, SessionAbi::C] {
@@ -141,13 +128,9 @@ fn keys_never_reach_the_trace_level_log() {
     }
     // Let the daemon log the last disconnect, then stop it.
     std::thread::sleep(Duration::from_millis(300));
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut text = Vec::new();
-    std::fs::File::open(&log_path)
-        .unwrap()
-        .read_to_end(&mut text)
-        .unwrap();
+    daemon.stop();
+    let log_path = daemon.log().to_path_buf();
+    let text = std::fs::read(&log_path).unwrap();
     assert!(
         text.len() > 1000 && (find(&text, b"TRACE") || find(&text, b"DEBUG")),
         "the log is not verbose ({} bytes)",

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -322,46 +322,12 @@ fn everything_a_worker_does_is_allowed() {
 
 // ---- the daemon ----
 
-/// The daemon binary on a private socket, killed on drop.
-struct Daemon {
-    child: Child,
-    _dir: tempfile::TempDir,
-    sock: PathBuf,
-    log: PathBuf,
-}
+#[path = "common/daemon.rs"]
+mod daemon;
+use daemon::spawn_daemon_logged;
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_daemon(extra: &[&str]) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crypto.sock");
-    let log = dir.path().join("daemon.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
-        .arg("--socket-path")
-        .arg(&sock)
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(start.elapsed() < Duration::from_secs(10), "daemon did not listen");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Daemon {
-        child,
-        _dir: dir,
-        sock,
-        log,
-    }
+fn spawn_daemon(extra: &[&str]) -> daemon::Daemon {
+    spawn_daemon_logged(extra, "info")
 }
 
 const KEY: [u8; 16] = [
@@ -475,7 +441,7 @@ fn daemon_workers_run_filtered_by_default() {
         );
         drop(fe);
     }
-    let log = std::fs::read_to_string(&daemon.log).unwrap();
+    let log = std::fs::read_to_string(daemon.log()).unwrap();
     assert!(
         log.contains("queue workers run under the seccomp allow-list"),
         "{log}"
@@ -490,6 +456,6 @@ fn seccomp_off_filters_nothing() {
     assert!(threads.iter().any(|t| t.0 == "vring_worker"), "{threads:?}");
     assert!(threads.iter().all(|t| t.1 == 0), "{threads:?}");
     drop(fe);
-    let log = std::fs::read_to_string(&daemon.log).unwrap();
+    let log = std::fs::read_to_string(daemon.log()).unwrap();
     assert!(log.contains("--seccomp off"), "{log}");
 }
