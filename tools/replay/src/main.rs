@@ -80,10 +80,23 @@ struct SoakArgs {
     /// Descriptor layouts: both per request, or one kind only.
     #[arg(long, value_enum, default_value_t = Layouts::Mixed)]
     descriptors: Layouts,
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Print one JSON object instead of the summary.
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for a completion before failing.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+}
+
+/// Which backend to drive, and the session payload layout.
+#[derive(Debug, Args)]
+struct BackendArgs {
     /// Backend socket to connect to.
     #[arg(long, required_unless_present = "spawn_daemon")]
     socket: Option<PathBuf>,
-    /// Start the daemon on a private socket, soak, and stop it.
+    /// Start the daemon on a private socket for this run, and stop it after.
     #[arg(long, conflicts_with = "socket")]
     spawn_daemon: bool,
     /// Daemon binary for --spawn-daemon (default: vhost-user-crypto next to this binary).
@@ -92,12 +105,32 @@ struct SoakArgs {
     /// Session payload layout.
     #[arg(long, value_enum, default_value_t = AbiArg::C)]
     session_abi: AbiArg,
-    /// Print one JSON object instead of the summary.
-    #[arg(long)]
-    json: bool,
-    /// Seconds to wait for a completion before failing.
-    #[arg(long, default_value_t = 10)]
-    timeout: u64,
+}
+
+impl BackendArgs {
+    fn abi(&self) -> SessionAbi {
+        match self.session_abi {
+            AbiArg::A => SessionAbi::A,
+            AbiArg::B => SessionAbi::B,
+            AbiArg::C => SessionAbi::C,
+        }
+    }
+
+    /// The socket to connect to: --socket, or that of a daemon started
+    /// now with `queues` data queues (kept alive by the returned handle).
+    fn socket(&self, queues: u16) -> Result<(Option<SpawnedDaemon>, PathBuf), String> {
+        if self.spawn_daemon {
+            let d = SpawnedDaemon::start(self.daemon_bin.as_deref(), queues).map_err(|e| e.to_string())?;
+            let s = d.socket().to_path_buf();
+            Ok((Some(d), s))
+        } else {
+            let s = self
+                .socket
+                .clone()
+                .ok_or("--socket or --spawn-daemon is required")?;
+            Ok((None, s))
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -129,18 +162,8 @@ struct GenArgs {
 struct RunArgs {
     /// Trace file (JSON Lines).
     trace: Option<PathBuf>,
-    /// Backend socket to connect to.
-    #[arg(long, required_unless_present = "spawn_daemon")]
-    socket: Option<PathBuf>,
-    /// Start the daemon on a private socket, replay, and stop it.
-    #[arg(long, conflicts_with = "socket")]
-    spawn_daemon: bool,
-    /// Daemon binary for --spawn-daemon (default: vhost-user-crypto next to this binary).
-    #[arg(long)]
-    daemon_bin: Option<PathBuf>,
-    /// Session payload layout.
-    #[arg(long, value_enum, default_value_t = AbiArg::C)]
-    session_abi: AbiArg,
+    #[command(flatten)]
+    backend: BackendArgs,
     /// Number of data queues.
     #[arg(long, default_value_t = 1)]
     queues: u16,
@@ -231,22 +254,9 @@ fn run_soak(a: SoakArgs) -> Result<ExitCode, String> {
         progress: !a.json && std::io::stderr().is_terminal(),
     };
     opts.validate()?;
-    let abi = match a.session_abi {
-        AbiArg::A => SessionAbi::A,
-        AbiArg::B => SessionAbi::B,
-        AbiArg::C => SessionAbi::C,
-    };
-    let cfg = opts.frontend_config(a.queues, abi);
+    let cfg = opts.frontend_config(a.queues, a.backend.abi());
     cfg.validate().map_err(|e| e.to_string())?;
-    let _daemon;
-    let socket = if a.spawn_daemon {
-        let d = SpawnedDaemon::start(a.daemon_bin.as_deref(), a.queues).map_err(|e| e.to_string())?;
-        let s = d.socket().to_path_buf();
-        _daemon = d;
-        s
-    } else {
-        a.socket.ok_or("--socket or --spawn-daemon is required")?
-    };
+    let (_daemon, socket) = a.backend.socket(a.queues)?;
     let mut fe = CryptoFrontend::connect(&socket, &cfg).map_err(|e| e.to_string())?;
     let report = soak(&mut fe, &opts, None).map_err(|e| e.to_string())?;
     if a.json {
@@ -264,11 +274,7 @@ fn run_soak(a: SoakArgs) -> Result<ExitCode, String> {
 fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
     let path = a.trace.ok_or("no trace file given (see --help)")?;
     let trace = Trace::load(&path).map_err(|e| e.to_string())?;
-    let mut abi = match a.session_abi {
-        AbiArg::A => SessionAbi::A,
-        AbiArg::B => SessionAbi::B,
-        AbiArg::C => SessionAbi::C,
-    };
+    let mut abi = a.backend.abi();
     let mut desc_mode = match a.descriptors {
         DescArg::Chain => DescMode::Chain,
         DescArg::Indirect => DescMode::Indirect,
@@ -303,15 +309,7 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
         dpdk: true,
         ..cfg.clone()
     };
-    let _daemon;
-    let socket = if a.spawn_daemon {
-        let d = SpawnedDaemon::start(a.daemon_bin.as_deref(), a.queues).map_err(|e| e.to_string())?;
-        let s = d.socket().to_path_buf();
-        _daemon = d;
-        s
-    } else {
-        a.socket.ok_or("--socket or --spawn-daemon is required")?
-    };
+    let (_daemon, socket) = a.backend.socket(a.queues)?;
     let mut fe = CryptoFrontend::connect(&socket, &cfg).map_err(|e| e.to_string())?;
     let opts = ReplayOptions {
         repeat: a.repeat,
