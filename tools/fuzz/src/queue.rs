@@ -285,6 +285,10 @@ impl Addr {
     }
 }
 
+/// A live session as the model knows it: id, direction, cipher key,
+/// whether it is a chaining session.
+type LiveSession = (u64, Direction, Vec<u8>, bool);
+
 impl SessionSpec {
     fn decode(r: &mut Reader<'_>) -> SessionSpec {
         SessionSpec {
@@ -310,6 +314,21 @@ impl SessionSpec {
     /// chaining path is reached (its fields come from raw byte writes).
     fn chaining(&self) -> bool {
         self.key_byte & 0x80 != 0
+    }
+
+    /// The model's record of this session once created with `id`.
+    fn live(&self, id: u64) -> LiveSession {
+        let dir = if self.direction == 1 {
+            Direction::Encrypt
+        } else {
+            Direction::Decrypt
+        };
+        (
+            id,
+            dir,
+            self.key()[..self.key_len as usize].to_vec(),
+            self.chaining(),
+        )
     }
 
     fn info(&self) -> SymSessionInfo {
@@ -562,8 +581,8 @@ struct Machine {
     next_used: u16,
     avail_idx: u16,
     /// Live sessions: (id, direction, key).
-    /// Live sessions: id, direction, cipher key, whether it is a chaining session.
-    sessions: Vec<(u64, Direction, Vec<u8>, bool)>,
+    /// Live sessions.
+    sessions: Vec<LiveSession>,
     cursor: u64,
     next_desc: u16,
     next_slot: u64,
@@ -1116,17 +1135,7 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
     for s in &p.sessions {
         let id = reg.create(&s.info());
         if id > 0 {
-            let dir = if s.direction == 1 {
-                Direction::Encrypt
-            } else {
-                Direction::Decrypt
-            };
-            sessions.push((
-                id as u64,
-                dir,
-                s.key()[..s.key_len as usize].to_vec(),
-                s.chaining(),
-            ));
+            sessions.push(s.live(id as u64));
         }
     }
     let worker = QueueWorker::new(
@@ -1215,17 +1224,7 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
                 let valid = matches!(s.key_len, 16 | 24 | 32) && matches!(s.direction, 1 | 2);
                 assert_eq!(id > 0, valid && room, "create {s:?} gave {id}");
                 if id > 0 {
-                    let dir = if s.direction == 1 {
-                        Direction::Encrypt
-                    } else {
-                        Direction::Decrypt
-                    };
-                    m.sessions.push((
-                        id as u64,
-                        dir,
-                        s.key()[..s.key_len as usize].to_vec(),
-                        s.chaining(),
-                    ));
+                    m.sessions.push(s.live(id as u64));
                 }
             }
             QOp::Close(id) => {

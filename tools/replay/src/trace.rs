@@ -725,22 +725,6 @@ impl Trace {
         Ok(t)
     }
 
-    /// Largest hash result of a request.
-    pub fn max_digest(&self) -> usize {
-        self.steps
-            .iter()
-            .flat_map(|s| match s {
-                Step::Requests(v) => v
-                    .iter()
-                    .filter_map(|r| r.chain.as_ref())
-                    .map(|c| c.digest_len as usize)
-                    .max(),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
     fn push_request(&mut self, r: Req) {
         if let Some(Step::Requests(v)) = self.steps.last_mut() {
             v.push(r);
