@@ -442,24 +442,14 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
 
 /// Reads `buf.len()` bytes at `offset` of a segment stream into `buf`.
 /// Returns false if the stream is too short.
-fn gather(segs: &[Segment], mut offset: usize, buf: &mut [u8]) -> bool {
-    let mut done = 0;
-    for s in segs {
-        if done == buf.len() {
-            break;
-        }
-        if offset >= s.len {
-            offset -= s.len;
-            continue;
-        }
-        let n = (s.len - offset).min(buf.len() - done);
-        // SAFETY: the segment is mapped for s.len bytes and offset + n <= s.len;
-        // buf is a distinct local buffer.
-        unsafe { ptr::copy_nonoverlapping(s.ptr.add(offset), buf[done..].as_mut_ptr(), n) };
-        done += n;
-        offset = 0;
-    }
-    done == buf.len()
+fn gather(segs: &[Segment], offset: usize, buf: &mut [u8]) -> bool {
+    Cursor::new(segs, offset).read(buf) == buf.len()
+}
+
+/// Writes `data` into a segment stream at `off` (the caller has checked
+/// the stream is long enough).
+fn scatter(segs: &[Segment], off: usize, data: &[u8]) {
+    Cursor::new(segs, off).write(data);
 }
 
 /// Position in a segment stream.
@@ -505,36 +495,41 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// Copies 16 bytes out (the caller has checked the stream is long enough).
-    fn read_block(&mut self, blk: &mut [u8; 16]) {
+    /// Copies bytes out into `buf` until it is full or the stream ends;
+    /// returns how many.
+    fn read(&mut self, buf: &mut [u8]) -> usize {
         let mut done = 0;
-        while done < 16 {
+        while done < buf.len() {
             let (p, n) = self.chunk();
-            let n = n.min(16 - done);
+            let n = n.min(buf.len() - done);
             if n == 0 {
-                return;
+                break;
             }
-            // SAFETY: p is mapped for n bytes; blk is local.
-            unsafe { ptr::copy_nonoverlapping(p, blk[done..].as_mut_ptr(), n) };
+            // SAFETY: p is mapped for n bytes; buf is a distinct local buffer.
+            unsafe { ptr::copy_nonoverlapping(p, buf[done..].as_mut_ptr(), n) };
             self.advance(n);
             done += n;
         }
+        done
     }
 
-    /// Copies 16 bytes in.
-    fn write_block(&mut self, blk: &[u8; 16]) {
+    /// Copies `data` in until it is written or the stream ends; returns how
+    /// many bytes were written.
+    fn write(&mut self, data: &[u8]) -> usize {
         let mut done = 0;
-        while done < 16 {
+        while done < data.len() {
             let (p, n) = self.chunk();
-            let n = n.min(16 - done);
+            let n = n.min(data.len() - done);
             if n == 0 {
-                return;
+                break;
             }
-            // SAFETY: p is mapped for n bytes of a device-writable buffer; blk is local.
-            unsafe { ptr::copy_nonoverlapping(blk[done..].as_ptr(), p, n) };
+            // SAFETY: p is mapped for n bytes of a device-writable buffer;
+            // data is a distinct local buffer.
+            unsafe { ptr::copy_nonoverlapping(data[done..].as_ptr(), p, n) };
             self.advance(n);
             done += n;
         }
+        done
     }
 }
 
@@ -596,9 +591,9 @@ fn run_cipher(
             left -= n;
         } else {
             let mut blk = [0u8; 16];
-            src.read_block(&mut blk);
+            src.read(&mut blk);
             stream.process_block(&mut blk);
-            dst.write_block(&blk);
+            dst.write(&blk);
             left -= 16;
         }
     }
@@ -977,23 +972,5 @@ fn copy_streams(readable: &[Segment], src_off: usize, writable: &[Segment], dst_
         src.advance(n);
         dst.advance(n);
         left -= n;
-    }
-}
-
-/// Writes `data` into a segment stream at `off` (the caller has checked
-/// the stream is long enough).
-fn scatter(segs: &[Segment], off: usize, data: &[u8]) {
-    let mut cur = Cursor::new(segs, off);
-    let mut done = 0;
-    while done < data.len() {
-        let (p, n) = cur.chunk();
-        let n = n.min(data.len() - done);
-        if n == 0 {
-            return;
-        }
-        // SAFETY: p is mapped for n bytes of a device-writable buffer; data is local.
-        unsafe { ptr::copy_nonoverlapping(data[done..].as_ptr(), p, n) };
-        cur.advance(n);
-        done += n;
     }
 }
