@@ -609,8 +609,9 @@ impl Trace {
                         .any(Option::is_some)
                         || digest.is_some()
                         || expect.digest.is_some();
+                    let src = unhex(&src).map_err(bad)?;
                     let chain = if session_chain.is_some() || chain_fields {
-                        let len = unhex(&src).map_err(bad)?.len() as u32;
+                        let len = src.len() as u32;
                         let co = cipher_offset.unwrap_or(0);
                         let ho = hash_offset.unwrap_or(0);
                         let digest_in = digest
@@ -646,7 +647,7 @@ impl Trace {
                         session_id,
                         opcode,
                         iv: unhex(&iv).map_err(bad)?,
-                        src: unhex(&src).map_err(bad)?,
+                        src,
                         queue,
                         status: expect.status.unwrap_or(ExpectStatus::Ok),
                         dst: expect.dst.as_deref().map(unhex).transpose().map_err(bad)?,
