@@ -365,6 +365,7 @@ impl QueueWorker {
                         self.done.push((head, c.used_len));
                     }
                     Prepared::Lane(l) => {
+                        l.prefetch();
                         let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));
                         if !same_key {
                             bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
