@@ -211,9 +211,14 @@ pub struct DriverQueue {
     slots_base: u64,
     slot_size: usize,
     nslots: u16,
+    /// Buffer sets (header, IV, src, dst, status, indirect table): slot s
+    /// uses set `s % nbufs` (see [`DriverQueue::layout`]).
+    nbufs: u16,
+    /// Per buffer set: in use by a request in flight.
     busy: Vec<bool>,
-    /// The (iv_len, len, digest_len, in_place) whose descriptors each slot
-    /// holds, so a slot reused with the same shape is not rewritten.
+    /// The (iv_len, len, digest_len, in_place) whose descriptors each
+    /// buffer set holds, so a set reused with the same shape is not
+    /// rewritten.
     shape: Vec<Option<(u32, u32, u32, bool)>>,
     desc_mode: DescMode,
     max_payload: usize,
@@ -273,9 +278,19 @@ fn ring_bytes(size: u16) -> u64 {
     align(16 * n + 6 + 2 * n, RING_AREA_ALIGN) + align(6 + 8 * n, RING_AREA_ALIGN)
 }
 
+/// Bytes from a slot's start to its src buffer: the header, rounded up to
+/// a cache line.
+const SRC_OFFSET: u64 = 72u64.next_multiple_of(SLOT_ALIGN as u64);
+
 fn slot_size(max_payload: usize, max_iv: usize) -> usize {
-    let raw = 72 + max_iv + 2 * max_payload + 1 + 16 * MAX_RAW_DESCS + 64 + DIGEST_AREA;
-    raw.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+    // Header | src | dst | IV + status | indirect table | hash result, each
+    // from a cache-line boundary (see `DriverQueue::layout`).
+    let p = max_payload.next_multiple_of(SLOT_ALIGN);
+    SRC_OFFSET as usize
+        + 2 * p
+        + (max_iv + 1).next_multiple_of(SLOT_ALIGN)
+        + 16 * MAX_RAW_DESCS
+        + DIGEST_AREA.next_multiple_of(SLOT_ALIGN)
 }
 
 impl DriverQueue {
@@ -287,20 +302,47 @@ impl DriverQueue {
         }
     }
 
-    /// Guest addresses of slot `slot`'s buffers.
+    /// Slot `slot`'s buffer set (`0..buffer_sets()`, see
+    /// [`DriverQueue::layout`]).
+    pub fn buf(&self, slot: u16) -> usize {
+        usize::from(slot % self.nbufs)
+    }
+
+    /// Number of buffer sets.
+    pub fn buffer_sets(&self) -> u16 {
+        self.nbufs
+    }
+
+    /// Guest addresses of slot `slot`'s buffers. With indirect tables the
+    /// slots (one per ring entry, so that head = ring position as DPDK
+    /// needs) share `depth` rounded up to a power of two buffer sets, as a
+    /// driver with that many requests in flight reuses its buffers: slot s
+    /// uses set `s % sets`, and a set is used by one request at a time
+    /// ([`DriverQueue::next_slot`]). With direct chains every slot has its
+    /// own set.
     pub fn layout(&self, slot: u16) -> SlotLayout {
-        let base = self.slots_base + u64::from(slot) * self.slot_size as u64;
-        let p = self.max_payload as u64;
-        let src = base + 72 + self.max_iv as u64;
-        // On its own cache line: the status byte before it is written by both
-        // sides for every request, the table only when the slot changes shape.
-        let table = align(src + 2 * p + 1, 64);
+        let base = self.slots_base + self.buf(slot) as u64 * self.slot_size as u64;
+        let p = (self.max_payload as u64).next_multiple_of(SLOT_ALIGN as u64);
+        // The header (unchanged while the slot keeps its session and
+        // shape), src and dst each start a cache line, as a driver's buffers
+        // usually do: a 256-byte payload is 4 lines, not 5, and no line
+        // holds bytes the driver writes for a request next to bytes the
+        // device writes (src end and dst start). The IV and the status byte
+        // share one line, the only one besides src and dst that both sides
+        // touch for every request (driver: IV and status canary; device:
+        // reads the IV, writes the status). The table has its own line: it
+        // changes only when the slot changes shape.
+        let src = base + SRC_OFFSET;
+        let dst = src + p;
+        let iv = dst + p;
+        let status = iv + self.max_iv as u64;
+        let table = align(status + 1, SLOT_ALIGN as u64);
         SlotLayout {
             hdr: base,
-            iv: base + 72,
+            iv,
             src,
-            dst: src + p,
-            status: src + 2 * p,
+            dst,
+            status,
             table,
             digest: table + 16 * MAX_RAW_DESCS as u64,
         }
@@ -346,7 +388,7 @@ impl DriverQueue {
     /// DPDK's "avail slot i holds head i" holds in indirect mode), if free.
     pub fn next_slot(&self) -> Option<u16> {
         let s = self.avail_idx % self.nslots;
-        (!self.busy[usize::from(s)]).then_some(s)
+        (!self.busy[self.buf(s)]).then_some(s)
     }
 
     /// Makes a plain cipher request available in `slot`, whose header, IV
@@ -381,12 +423,26 @@ impl DriverQueue {
         }
         let descs = &buf[..n];
         let shape = Some((iv_len, len, digest_len, in_place));
-        let unchanged = self.shape.get(usize::from(slot)) == Some(&shape);
-        if let Some(s) = self.shape.get_mut(usize::from(slot)) {
+        let b = self.buf(slot);
+        let unchanged = self.shape.get(b) == Some(&shape);
+        if let Some(s) = self.shape.get_mut(b) {
             *s = shape;
         }
         let head = match self.desc_mode {
-            DescMode::Indirect if unchanged => slot,
+            DescMode::Indirect if unchanged => {
+                // The set's table is as needed; the slot's head descriptor
+                // may still point at it for another shape (another slot of
+                // the set changed it), or not at all yet.
+                let d = Desc {
+                    addr: l.table,
+                    len: 16 * descs.len() as u32,
+                    flags: VRING_DESC_F_INDIRECT,
+                    next: 0,
+                };
+                self.mem
+                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                slot
+            }
             DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
             DescMode::Indirect => {
                 for (i, &(addr, len, flags)) in descs.iter().enumerate() {
@@ -426,7 +482,7 @@ impl DriverQueue {
                 base
             }
         };
-        self.busy[usize::from(slot)] = true;
+        self.busy[b] = true;
         let pos = u64::from(self.avail_idx % self.size);
         self.mem
             .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
@@ -524,7 +580,8 @@ impl DriverQueue {
                 DescMode::Indirect => id as u16,
                 DescMode::Chain => (id / u32::from(DESCS_PER_REQUEST)) as u16,
             };
-            if let Some(b) = self.busy.get_mut(usize::from(slot)) {
+            let b = self.buf(slot);
+            if let Some(b) = self.busy.get_mut(b) {
                 *b = false;
             }
             out.push(Used { slot, len, id });
@@ -542,7 +599,8 @@ impl DriverQueue {
     /// # Errors
     /// Too many descriptors, or a direct chain on a queue in indirect mode.
     pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<(), String> {
-        if let Some(s) = self.shape.get_mut(usize::from(slot)) {
+        let b = self.buf(slot);
+        if let Some(s) = self.shape.get_mut(b) {
             *s = None;
         }
         let l = self.layout(slot);
@@ -587,7 +645,7 @@ impl DriverQueue {
             }
             base
         };
-        self.busy[usize::from(slot)] = true;
+        self.busy[b] = true;
         let pos = u64::from(self.avail_idx % self.size);
         self.mem.write_u16(self.avail + 4 + 2 * pos, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -689,8 +747,14 @@ impl CryptoFrontend {
         let event_idx = acked & F_EVENT_IDX != 0;
 
         let nslots = DriverQueue::slots_for(cfg.queue_size, cfg.desc_mode);
+        let nbufs = match cfg.desc_mode {
+            // A power of two (nslots is one too), so that slot i always
+            // maps to the same set and its head descriptor never changes.
+            DescMode::Indirect => cfg.queue_depth.next_power_of_two().min(nslots),
+            DescMode::Chain => nslots,
+        };
         let ssize = slot_size(cfg.max_payload, cfg.max_iv);
-        let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nslots) * ssize as u64, RING_AREA_ALIGN);
+        let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nbufs) * ssize as u64, RING_AREA_ALIGN);
         let need = (u64::from(cfg.queues) * per_queue + RING_AREA_ALIGN) as usize;
         let size = cfg.memory_bytes.max(need).next_multiple_of(2 << 20);
         let mem = Arc::new(GuestMem::new(size)?);
@@ -740,8 +804,9 @@ impl CryptoFrontend {
                 slots_base,
                 slot_size: ssize,
                 nslots,
-                busy: vec![false; usize::from(nslots)],
-                shape: vec![None; usize::from(nslots)],
+                nbufs,
+                busy: vec![false; usize::from(nbufs)],
+                shape: vec![None; usize::from(nbufs)],
                 desc_mode: cfg.desc_mode,
                 max_payload: cfg.max_payload,
                 max_iv: cfg.max_iv,

@@ -54,6 +54,13 @@ const OK: u8 = 0;
 const INVSESS: u8 = 4;
 const MAX_REPORTED: usize = 10;
 
+/// Where a soak request's contiguous readable stream (header, IV, src)
+/// starts: 88 bytes before the slot's src, inside the slot's header area.
+fn readable_start(l: SlotLayout) -> u64 {
+    debug_assert!(l.src - l.hdr >= 88);
+    l.src - 88
+}
+
 /// Which descriptor layouts a soak uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Layouts {
@@ -502,9 +509,10 @@ impl Soak<'_, '_> {
         (16 * (lo + below(&mut self.rng, hi - lo + 1))) as u32
     }
 
-    /// The descriptors of a request of `len` bytes in `slot`'s buffers.
+    /// The descriptors of a request of `len` bytes in `slot`'s buffers: the
+    /// readable stream header | IV | src is one contiguous area (ending at
+    /// the slot's src, see [`readable_start`]), cut anywhere.
     fn descs(&mut self, l: SlotLayout, len: u32, layout: Layout) -> Vec<Desc> {
-        debug_assert!(l.iv == l.hdr + 72 && l.src == l.iv + 16);
         let readable = 72 + 16 + len;
         let (r_cuts, d_cuts) = match layout {
             Layout::Direct | Layout::Indirect => (vec![72, 16, len], vec![len]),
@@ -520,7 +528,7 @@ impl Soak<'_, '_> {
             }
         };
         let mut out = Vec::with_capacity(r_cuts.len() + d_cuts.len() + 1);
-        let mut at = l.hdr;
+        let mut at = readable_start(l);
         for n in r_cuts {
             out.push((at, n, 0));
             at += u64::from(n);
@@ -602,8 +610,9 @@ impl Soak<'_, '_> {
         let dq = &mut self.fe.queues[q];
         {
             let mem = dq.mem();
-            mem.write(l.hdr, &hdr.to_bytes());
-            mem.write(l.iv, &iv);
+            let at = readable_start(l);
+            mem.write(at, &hdr.to_bytes());
+            mem.write(at + 72, &iv);
             mem.write(l.src, &self.srcs[q][usize::from(slot)][..len as usize]);
             let fill = (len as usize + 16).min(self.o.max_size);
             mem.fill(l.dst, fill, DST_CANARY);
