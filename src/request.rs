@@ -149,7 +149,8 @@ pub struct ChainWalker {
     /// in the same region, so most translations are a range check.
     /// Cleared by [`ChainWalker::begin_batch`] whenever the memory map may
     /// have changed.
-    region: Option<(u64, u64, *mut u8)>,
+    /// (An empty region, length 0, when none is cached.)
+    region: (u64, u64, *mut u8),
 }
 
 // SAFETY: the raw pointers in a ChainWalker are only dereferenced while the
@@ -178,32 +179,34 @@ impl ChainWalker {
             status: None,
             fault: None,
             seen_writable: false,
-            region: None,
+            region: (0, 0, ptr::null_mut()),
         }
     }
 
     /// Forgets the cached region: call at the start of every batch, with
     /// the guest-memory guard the batch will hold.
     pub fn begin_batch(&mut self) {
-        self.region = None;
+        self.region = (0, 0, ptr::null_mut());
     }
 
     /// Translates `addr`: the host address and how many bytes from there
     /// lie in the same region (capped at `len`). Uses and refreshes the
     /// region cache.
     fn translate(&mut self, mem: &GuestMemory_, addr: u64, len: u64) -> Option<(*mut u8, u64)> {
-        if let Some((start, rlen, host)) = self.region {
-            if let Some(off) = addr.checked_sub(start).filter(|&o| o < rlen) {
-                // SAFETY: off < rlen: inside the region mapped at `host`,
-                // which the batch's memory guard keeps mapped.
-                return Some((unsafe { host.add(off as usize) }, len.min(rlen - off)));
-            }
+        let (start, rlen, host) = self.region;
+        // (Wraps to a huge offset below the region's start; never < 0 = an
+        // empty region's length.)
+        let off = addr.wrapping_sub(start);
+        if off < rlen {
+            // SAFETY: off < rlen: inside the region mapped at `host`, which
+            // the batch's memory guard keeps mapped.
+            return Some((unsafe { host.add(off as usize) }, len.min(rlen - off)));
         }
         let region = mem.find_region(GuestAddress(addr))?;
         let start = region.start_addr().0;
         let rlen = region.len();
         let host = region.get_host_address(MemoryRegionAddress(0)).ok()?;
-        self.region = Some((start, rlen, host));
+        self.region = (start, rlen, host);
         let off = addr - start;
         // SAFETY: find_region returned the region holding addr, so off < rlen.
         Some((unsafe { host.add(off as usize) }, len.min(rlen - off)))
@@ -325,10 +328,13 @@ impl ChainWalker {
             self.writable_len += u64::from(d.len);
             // The status byte is the last byte of the last non-empty writable
             // buffer: it moves with every new one.
-            self.status = if self.writable_ok {
+            self.status = if !self.writable_ok {
+                last_byte(mem, d)
+            } else if let Some(p) = self.push_whole(d, true) {
+                Some(p)
+            } else {
                 let before = self.writable.len();
-                let ok = self.push_segments(mem, d, true);
-                if ok {
+                if self.push_segments(mem, d, true) {
                     self.writable.get(before..).and_then(|s| s.last()).map(|s| {
                         // SAFETY: the segment has len >= 1 bytes mapped.
                         unsafe { s.ptr.add(s.len - 1) }
@@ -337,15 +343,44 @@ impl ChainWalker {
                     self.writable_ok = false;
                     last_byte(mem, d)
                 }
-            } else {
-                last_byte(mem, d)
             };
         } else {
             self.readable_len += u64::from(d.len);
-            if self.readable_ok && !self.push_segments(mem, d, false) {
+            if self.readable_ok && self.push_whole(d, false).is_none() && !self.push_segments(mem, d, false) {
                 self.readable_ok = false;
             }
         }
+    }
+
+    /// The usual case of [`ChainWalker::push_segments`]: the whole buffer
+    /// (`d.len` >= 1) lies in the cached region and its list has room; then
+    /// it is appended as one segment and its last byte returned. `None`:
+    /// nothing was done.
+    #[inline(always)]
+    fn push_whole(&mut self, d: Desc, write: bool) -> Option<*mut u8> {
+        let (start, rlen, host) = self.region;
+        let off = d.addr.wrapping_sub(start);
+        let len = u64::from(d.len);
+        if off >= rlen || rlen - off < len {
+            return None;
+        }
+        let list = if write {
+            &mut self.writable
+        } else {
+            &mut self.readable
+        };
+        if list.len() == MAX_SEGMENTS {
+            return None;
+        }
+        // SAFETY: off + len <= rlen: inside the region mapped at `host`,
+        // which the batch's memory guard keeps mapped; len >= 1.
+        let ptr = unsafe { host.add(off as usize) };
+        list.push(Segment {
+            ptr,
+            len: d.len as usize,
+        });
+        // SAFETY: as above, the buffer's last byte.
+        Some(unsafe { ptr.add(d.len as usize - 1) })
     }
 
     fn push_segments(&mut self, mem: &GuestMemory_, d: Desc, write: bool) -> bool {
@@ -444,6 +479,21 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
 /// Returns false if the stream is too short.
 fn gather(segs: &[Segment], offset: usize, buf: &mut [u8]) -> bool {
     Cursor::new(segs, offset).read(buf) == buf.len()
+}
+
+/// [`gather`] of a fixed-size field (header, IV): when the `N` bytes lie
+/// in one segment, as they almost always do, one fixed-size copy the
+/// compiler inlines instead of a call to `memcpy`.
+fn gather_array<const N: usize>(segs: &[Segment], offset: usize) -> Option<[u8; N]> {
+    let c = Cursor::new(segs, offset);
+    let (p, n) = c.chunk();
+    if n >= N {
+        // SAFETY: p is mapped for n >= N bytes of a readable buffer (see
+        // `Cursor::chunk`); read once, unaligned, into a local copy.
+        return Some(unsafe { ptr::read_unaligned(p as *const [u8; N]) });
+    }
+    let mut buf = [0u8; N];
+    (Cursor::new(segs, offset).read(&mut buf) == N).then_some(buf)
 }
 
 /// Writes `data` into a segment stream at `off` (the caller has checked
@@ -821,10 +871,10 @@ struct Chain<'s> {
 
 fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) -> Result<Valid<'s>, Status> {
     // 1. Header readable: copied out once, everything below uses the copy.
-    let mut raw = [0u8; OP_DATA_REQ_SIZE];
-    if w.status.is_none() || !gather(&w.readable, 0, &mut raw) {
+    if w.status.is_none() {
         return Err(Status::Err);
     }
+    let raw: [u8; OP_DATA_REQ_SIZE] = gather_array(&w.readable, 0).ok_or(Status::Err)?;
     let h = OpDataReq::from_bytes(&raw);
 
     // 2. Opcode, op_type and algorithm supported.
@@ -882,10 +932,7 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
     if w.readable_len < src_off + len || w.writable_len < len + digest_len + 1 {
         return Err(Status::Err);
     }
-    let mut iv = [0u8; 16];
-    if !gather(&w.readable, OP_DATA_REQ_SIZE, &mut iv) {
-        return Err(Status::Err);
-    }
+    let iv: [u8; 16] = gather_array(&w.readable, OP_DATA_REQ_SIZE).ok_or(Status::Err)?;
     Ok(Valid {
         key: &session.key,
         direction,
