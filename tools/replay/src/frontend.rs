@@ -220,6 +220,9 @@ pub struct DriverQueue {
     /// buffer set holds, so a set reused with the same shape is not
     /// rewritten.
     shape: Vec<Option<(u32, u32, u32, bool)>>,
+    /// Per slot (indirect mode): the shape of the set's table its head
+    /// descriptor was last written for.
+    head_shape: Vec<Option<(u32, u32, u32, bool)>>,
     desc_mode: DescMode,
     max_payload: usize,
     max_iv: usize,
@@ -429,6 +432,7 @@ impl DriverQueue {
             *s = shape;
         }
         let head = match self.desc_mode {
+            DescMode::Indirect if unchanged && self.head_shape.get(usize::from(slot)) == Some(&shape) => slot,
             DescMode::Indirect if unchanged => {
                 // The set's table is as needed; the slot's head descriptor
                 // may still point at it for another shape (another slot of
@@ -441,6 +445,7 @@ impl DriverQueue {
                 };
                 self.mem
                     .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                self.head_shape[usize::from(slot)] = shape;
                 slot
             }
             DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
@@ -463,6 +468,7 @@ impl DriverQueue {
                 };
                 self.mem
                     .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                self.head_shape[usize::from(slot)] = shape;
                 slot
             }
             DescMode::Chain => {
@@ -601,6 +607,9 @@ impl DriverQueue {
     pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<(), String> {
         let b = self.buf(slot);
         if let Some(s) = self.shape.get_mut(b) {
+            *s = None;
+        }
+        if let Some(s) = self.head_shape.get_mut(usize::from(slot)) {
             *s = None;
         }
         let l = self.layout(slot);
@@ -807,6 +816,7 @@ impl CryptoFrontend {
                 nbufs,
                 busy: vec![false; usize::from(nbufs)],
                 shape: vec![None; usize::from(nbufs)],
+                head_shape: vec![None; usize::from(nslots)],
                 desc_mode: cfg.desc_mode,
                 max_payload: cfg.max_payload,
                 max_iv: cfg.max_iv,
