@@ -281,8 +281,14 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         // Lane k starts `k * skew` steps late. Guest buffers are often page
         // aligned: without the skew, block j of all lanes (and of their
         // outputs) sits at the same page offset, in the same L1 cache set,
-        // and the lanes evict each other. Short messages gain nothing from it.
-        let skew = if longest >= 32 { SKEW_BLOCKS } else { 0 };
+        // and the lanes evict each other. Short messages gain nothing from
+        // it, and buffers that do not collide only lose (the first and last
+        // steps run with lanes missing).
+        let skew = if longest >= 32 && sets_collide(&mut lanes[..nl]) {
+            SKEW_BLOCKS
+        } else {
+            0
+        };
         let steps = longest + skew * nl.saturating_sub(1);
         let mut work = cipher::ParBlocks::<B>::default();
         if skew == 0 && nl >= 2 && par >= MAX_LANES && blocks[..nl].iter().all(|&b| b == longest) {
@@ -316,6 +322,30 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         }
     }
 }
+
+/// Whether the lanes' inputs and outputs start at addresses that would put
+/// more than [`MAX_STREAMS_PER_SET`] of them in one L1 cache set at every
+/// step (64-byte lines, 64 sets: 4 KiB apart, as page-aligned buffers are).
+/// The lanes advance in step, so the starting addresses decide it.
+fn sets_collide(lanes: &mut [Lane<'_>]) -> bool {
+    let mut per_set = [0u8; 64];
+    for l in lanes {
+        for a in [
+            l.buf.get_in().as_ptr() as usize,
+            l.buf.get_out().as_ptr() as usize,
+        ] {
+            let n = &mut per_set[(a >> 6) & 63];
+            *n += 1;
+            if usize::from(*n) > MAX_STREAMS_PER_SET {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// See [`sets_collide`]: half the ways of an 8-way L1 data cache.
+const MAX_STREAMS_PER_SET: usize = 4;
 
 /// The general multi-lane loop: lanes of different lengths, skewed starts,
 /// or a backend with fewer parallel blocks than lanes.

@@ -115,6 +115,67 @@ fn matches_single_stream_on_random_batches() {
     }
 }
 
+/// Long messages (32 blocks and more) whose buffers are 4 KiB apart, so
+/// that every lane's block j falls in the same L1 cache set (the skewed
+/// schedule), and the same shifted by one cache line per lane (no skew):
+/// both give what the single-stream path gives, in place and not.
+#[test]
+fn matches_single_stream_with_page_strided_lanes() {
+    const PAGE: usize = 4096;
+    let mut rng = Rng(0x5eed_cafe_f00d_0001);
+    for round in 0..120 {
+        let key = AesCbcKey::new(&rng.bytes([16, 24, 32][round % 3])).unwrap();
+        let lanes_n = 1 + (rng.next() as usize % MAX_LANES);
+        let in_place = round % 2 == 0;
+        // 0: page-aligned lanes; 64: lane i starts i cache lines later.
+        let shift = if round % 4 < 2 { 0 } else { 64 };
+        let stride = PAGE + shift;
+        let lens: Vec<usize> = (0..lanes_n)
+            .map(|_| 16 * (32 + rng.next() as usize % 200))
+            .collect();
+        let ivs: Vec<[u8; 16]> = (0..lanes_n).map(|_| rng.bytes(16).try_into().unwrap()).collect();
+        let mut src = rng.bytes(stride * lanes_n + PAGE);
+        let mut dst = vec![0u8; stride * lanes_n + PAGE];
+        // Lane i's buffers at a 4 KiB boundary of each area, plus i * shift.
+        let base = |v: &[u8]| (PAGE - v.as_ptr() as usize % PAGE) % PAGE;
+        let (sb, db) = (base(&src), base(&dst));
+        let expect: Vec<Vec<u8>> = (0..lanes_n)
+            .map(|i| {
+                let mut d = src[sb + i * stride..][..lens[i]].to_vec();
+                key.start(Direction::Encrypt, &ivs[i])
+                    .process_in_place(&mut d)
+                    .unwrap();
+                d
+            })
+            .collect();
+        {
+            let mut lanes: Vec<Lane> = Vec::new();
+            let (mut s_rest, mut d_rest) = (&mut src[sb..], &mut dst[db..]);
+            for i in 0..lanes_n {
+                let (s_lane, s_next) = std::mem::take(&mut s_rest).split_at_mut(stride);
+                let (d_lane, d_next) = std::mem::take(&mut d_rest).split_at_mut(stride);
+                s_rest = s_next;
+                d_rest = d_next;
+                let buf = if in_place {
+                    InOutBuf::from(&mut s_lane[..lens[i]])
+                } else {
+                    InOutBuf::new(&s_lane[..lens[i]], &mut d_lane[..lens[i]]).unwrap()
+                };
+                lanes.push(Lane { iv: ivs[i], buf });
+            }
+            cbc_encrypt_multi(&key, &mut lanes).unwrap();
+        }
+        let out = if in_place { (&src, sb) } else { (&dst, db) };
+        for i in 0..lanes_n {
+            assert_eq!(
+                &out.0[out.1 + i * stride..][..lens[i]],
+                &expect[i][..],
+                "round {round}: lane {i} of {lanes_n}, shift {shift}, in place {in_place}"
+            );
+        }
+    }
+}
+
 #[test]
 fn rejects_too_many_lanes_and_partial_blocks() {
     let key = AesCbcKey::new(&[7; 16]).unwrap();
