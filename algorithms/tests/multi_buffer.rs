@@ -63,9 +63,12 @@ fn matches_single_stream_on_random_batches() {
         let key = AesCbcKey::new(&rng.bytes(keylen)).unwrap();
         let lanes_n = 1 + (rng.next() as usize % MAX_LANES);
         let in_place = rng.next() % 2 == 0;
+        // Every fourth round all lanes have one length (the equal-length
+        // loop); otherwise lengths differ.
+        let same = (round % 4 == 3).then(|| 1 + rng.next() as usize % 39);
         let msgs: Vec<(Vec<u8>, [u8; 16])> = (0..lanes_n)
             .map(|_| {
-                let blocks = rng.next() as usize % 40; // 0..=39 blocks, lengths differ
+                let blocks = same.unwrap_or(rng.next() as usize % 40); // 0..=39 blocks
                 (rng.bytes(16 * blocks), rng.bytes(16).try_into().unwrap())
             })
             .collect();
