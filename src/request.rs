@@ -764,12 +764,16 @@ pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
     let Some(key) = lanes.iter().flatten().next().map(|l| l.key) else {
         return;
     };
-    // Unused lanes stay empty: a zero-length message drops out at once.
+    // Only the first `used` entries are handed over: a group of fewer
+    // than MAX_LANES (the end of a batch, a lone request at queue depth
+    // 1) runs as that many lanes, and one request as a single stream.
     let mut multi: [Lane<'_>; MAX_LANES] = std::array::from_fn(|_| Lane {
         iv: [0; 16],
         buf: InOutBuf::from(<&mut [u8]>::default()),
     });
+    let mut used = 0;
     for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
+        used += 1;
         let buf = if std::ptr::eq(l.src, l.dst) {
             // SAFETY: dst is mapped for len bytes of device-writable guest
             // memory that the batch's memory guard keeps mapped, and no
@@ -795,7 +799,7 @@ pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
         *m = Lane { iv: l.iv, buf };
     }
     // Lengths are whole blocks and there are at most MAX_LANES lanes.
-    let _ = cbc_encrypt_multi(key, &mut multi);
+    let _ = cbc_encrypt_multi(key, &mut multi[..used]);
     for l in lanes.iter().flatten() {
         // SAFETY: the status pointer is the mapped last writable byte of
         // this request's chain, outside its dst bytes.

@@ -225,8 +225,10 @@ impl fmt::Debug for Lane<'_> {
 /// previous ciphertext), so one message leaves the cipher's parallel lanes
 /// idle. Here block *j* of every message is encrypted in one
 /// `encrypt_blocks` call, so AES-NI pipelines them; messages of different
-/// lengths drop out as they end. The output is exactly that of
-/// [`CbcStream`] run on each message alone (tested differentially).
+/// lengths drop out as they end (a single message takes the
+/// [`CbcStream`] path). The output is exactly that of [`CbcStream`] run
+/// on each message alone (tested differentially), and each lane's `iv`
+/// ends up holding its last ciphertext block (unchanged when empty).
 ///
 /// # Errors
 /// [`Error::InvalidBufferLength`] if more than [`MAX_LANES`] lanes are
@@ -237,6 +239,17 @@ pub fn cbc_encrypt_multi(key: &AesCbcKey, lanes: &mut [Lane<'_>]) -> Result<(), 
     }
     if let Some(l) = lanes.iter().find(|l| l.buf.len() % AES_BLOCK_SIZE != 0) {
         return Err(Error::InvalidBufferLength(l.buf.len()));
+    }
+    if let [one] = lanes {
+        // One message: the single-stream path, without the lanes'
+        // bookkeeping per block.
+        key.start(Direction::Encrypt, &one.iv)
+            .process_inout(one.buf.reborrow())?;
+        // The chaining value is the last ciphertext block.
+        if let Some(last) = one.buf.get_out().last_chunk::<AES_BLOCK_SIZE>() {
+            one.iv = *last;
+        }
+        return Ok(());
     }
     match key {
         AesCbcKey::Aes128(k) => encrypt_lanes(k, lanes),

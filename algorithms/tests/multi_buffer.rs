@@ -85,6 +85,7 @@ fn matches_single_stream_on_random_batches() {
             .collect();
         let mut bufs: Vec<Vec<u8>> = msgs.iter().map(|(m, _)| m.clone()).collect();
         let mut outs: Vec<Vec<u8>> = msgs.iter().map(|(m, _)| vec![0u8; m.len()]).collect();
+        let chaining: Vec<[u8; 16]>;
         {
             let mut lanes: Vec<Lane> = if in_place {
                 bufs.iter_mut()
@@ -105,6 +106,13 @@ fn matches_single_stream_on_random_batches() {
                     .collect()
             };
             cbc_encrypt_multi(&key, &mut lanes).unwrap();
+            chaining = lanes.iter().map(|l| l.iv).collect();
+        }
+        // Each lane's IV afterwards: its last ciphertext block (the IV
+        // itself for an empty message).
+        for (i, ((e, (_, iv)), c)) in expect.iter().zip(&msgs).zip(&chaining).enumerate() {
+            let want = e.last_chunk::<16>().unwrap_or(iv);
+            assert_eq!(c, want, "round {round}: chaining value of lane {i} of {lanes_n}");
         }
         let got = if in_place { &bufs } else { &outs };
         assert_eq!(
