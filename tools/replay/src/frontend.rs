@@ -216,6 +216,9 @@ pub struct DriverQueue {
     nbufs: u16,
     /// Per buffer set: in use by a request in flight.
     busy: Vec<bool>,
+    /// Per slot: a request is in flight there (a used element naming
+    /// another slot frees no buffer set).
+    in_flight_slot: Vec<bool>,
     /// The (iv_len, len, digest_len, in_place) whose descriptors each
     /// buffer set holds, so a set reused with the same shape is not
     /// rewritten.
@@ -305,15 +308,9 @@ impl DriverQueue {
         }
     }
 
-    /// Slot `slot`'s buffer set (`0..buffer_sets()`, see
-    /// [`DriverQueue::layout`]).
-    pub fn buf(&self, slot: u16) -> usize {
+    /// Slot `slot`'s buffer set (see [`DriverQueue::layout`]).
+    fn buf(&self, slot: u16) -> usize {
         usize::from(slot % self.nbufs)
-    }
-
-    /// Number of buffer sets.
-    pub fn buffer_sets(&self) -> u16 {
-        self.nbufs
     }
 
     /// Guest addresses of slot `slot`'s buffers. With indirect tables the
@@ -322,7 +319,9 @@ impl DriverQueue {
     /// driver with that many requests in flight reuses its buffers: slot s
     /// uses set `s % sets`, and a set is used by one request at a time
     /// ([`DriverQueue::next_slot`]). With direct chains every slot has its
-    /// own set.
+    /// own set. A set stays taken until its request completes: with
+    /// completions out of order, a late one keeps the other slots of its
+    /// set waiting, so fewer than `depth` requests may be in flight.
     pub fn layout(&self, slot: u16) -> SlotLayout {
         let base = self.slots_base + self.buf(slot) as u64 * self.slot_size as u64;
         let p = (self.max_payload as u64).next_multiple_of(SLOT_ALIGN as u64);
@@ -489,6 +488,7 @@ impl DriverQueue {
             }
         };
         self.busy[b] = true;
+        self.in_flight_slot[usize::from(slot)] = true;
         let pos = u64::from(self.avail_idx % self.size);
         self.mem
             .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
@@ -586,9 +586,17 @@ impl DriverQueue {
                 DescMode::Indirect => id as u16,
                 DescMode::Chain => (id / u32::from(DESCS_PER_REQUEST)) as u16,
             };
-            let b = self.buf(slot);
-            if let Some(b) = self.busy.get_mut(b) {
-                *b = false;
+            // A used id that names no request in flight (a backend bug the
+            // caller reports) must not free the set of one that is.
+            if self
+                .in_flight_slot
+                .get(usize::from(slot))
+                .copied()
+                .unwrap_or(false)
+            {
+                self.in_flight_slot[usize::from(slot)] = false;
+                let b = self.buf(slot);
+                self.busy[b] = false;
             }
             out.push(Used { slot, len, id });
             self.last_used = self.last_used.wrapping_add(1);
@@ -655,6 +663,7 @@ impl DriverQueue {
             base
         };
         self.busy[b] = true;
+        self.in_flight_slot[usize::from(slot)] = true;
         let pos = u64::from(self.avail_idx % self.size);
         self.mem.write_u16(self.avail + 4 + 2 * pos, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -815,6 +824,7 @@ impl CryptoFrontend {
                 nslots,
                 nbufs,
                 busy: vec![false; usize::from(nbufs)],
+                in_flight_slot: vec![false; usize::from(nslots)],
                 shape: vec![None; usize::from(nbufs)],
                 head_shape: vec![None; usize::from(nslots)],
                 desc_mode: cfg.desc_mode,

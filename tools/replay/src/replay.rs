@@ -121,10 +121,6 @@ struct Run<'a> {
     ids: HashMap<String, i64>,
     latencies: Vec<u32>,
     inflight: Vec<Vec<Option<InFlight<'a>>>>,
-    /// Per queue and buffer set: the first 16 bytes of the set's dst buffer
-    /// when its last request was checked and found right (out of place), so a
-    /// request whose expected output starts differently needs no canary.
-    dst_prefix: Vec<Vec<Option<[u8; 16]>>>,
     seq: u64,
     /// Completions per status byte (turned into `status_counts` at the end).
     status_counts: [u64; 256],
@@ -235,11 +231,7 @@ impl<'a> Run<'a> {
         let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
         mem.read(l.digest, digest);
         let status = mem.read_u8(l.status);
-        let before = self.report.mismatches;
         self.check_outcome(req, seq, u, status, dst, digest);
-        let right = self.report.mismatches == before && status == 0 && !req.in_place;
-        let b = self.fe.queues[q].buf(u.slot);
-        self.dst_prefix[q][b] = dst.first_chunk::<16>().copied().filter(|_| right);
         self.mems = mems;
     }
 
@@ -428,26 +420,17 @@ impl<'a> Run<'a> {
             mem.write(l.src, &req.src);
             if !req.in_place {
                 let n = req.src.len();
-                let want = req.dst.as_ref().filter(|_| req.status == ExpectStatus::Ok);
-                let prefix = &mut self.dst_prefix[q][dq.buf(slot)];
-                match want.and_then(|w| w.first_chunk::<16>()) {
-                    // Every output byte is compared with the expected one,
-                    // and the slot's dst holds the previous request's
-                    // (checked) output, which differs in its first block: a
-                    // backend that leaves the buffer alone is caught without
-                    // a canary, whose writes would pull the lines over to
-                    // this CPU before the backend writes them.
-                    Some(w) if prefix.is_some_and(|p| p != *w) => {}
-                    // A canary at both ends, for the same reason.
-                    Some(_) if n > 32 => {
-                        mem.fill(l.dst, 16, DST_CANARY);
-                        mem.fill(l.dst + n as u64 - 16, 16, DST_CANARY);
-                    }
-                    _ => mem.fill(l.dst, n, DST_CANARY),
+                match req.dst.as_ref().filter(|_| req.status == ExpectStatus::Ok) {
+                    // Every output byte is compared with the expected one
+                    // afterwards. A 16-byte block of dst that already holds
+                    // its expected bytes (left by an earlier request, or by
+                    // a raw one) gets the canary, so a backend that does not
+                    // write it is caught; the other blocks are left alone:
+                    // writing them would pull their lines over to this CPU
+                    // just before the backend writes them.
+                    Some(want) => canary_where_already_holding(mem, l.dst, &want[..want.len().min(n)]),
+                    None => mem.fill(l.dst, n, DST_CANARY),
                 }
-                // Until this request is checked, the buffer's contents are
-                // not known.
-                *prefix = None;
             }
             if let Some(c) = &req.chain {
                 let n = c.digest_in.len().min(DIGEST_AREA);
@@ -481,6 +464,19 @@ impl<'a> Run<'a> {
     }
 }
 
+/// Puts the canary in every 16-byte block of the buffer at `dst` (the
+/// last block may be shorter) that already holds its bytes of `want`: a
+/// backend that left such a block alone would look right. The other
+/// blocks are not written.
+fn canary_where_already_holding(mem: &crate::guest_mem::GuestMem, dst: u64, want: &[u8]) {
+    for (j, w) in want.chunks(16).enumerate() {
+        let at = dst + 16 * j as u64;
+        if mem.holds(at, w) {
+            mem.fill(at, w.len(), DST_CANARY);
+        }
+    }
+}
+
 /// Replays `trace` `opts.repeat` times.
 ///
 /// # Errors
@@ -501,18 +497,12 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         b
     });
     let mems = fe.queues.iter().map(|q| q.mem_handle()).collect();
-    let dst_prefix = fe
-        .queues
-        .iter()
-        .map(|q| vec![None; usize::from(q.buffer_sets())])
-        .collect();
     let mut run = Run {
         fe,
         opts,
         report: Report::default(),
         ids: HashMap::new(),
         latencies: Vec::with_capacity(total.min(50_000_000) as usize),
-        dst_prefix,
         inflight: slots,
         seq: 0,
         status_counts: [0; 256],
@@ -703,5 +693,43 @@ impl Report {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{canary_where_already_holding, DST_CANARY};
+    use crate::guest_mem::GuestMem;
+
+    #[test]
+    fn canary_goes_where_dst_already_holds_the_expected_bytes() {
+        let mem = GuestMem::new(1 << 20).unwrap();
+        let want: Vec<u8> = (0..40).collect();
+        let run = |cur: &[u8]| {
+            mem.write(0x100, cur);
+            canary_where_already_holding(&mem, 0x100, &want);
+            let mut got = vec![0u8; 48];
+            mem.read(0x100, &mut got);
+            got
+        };
+        // Nothing in common: nothing written.
+        assert_eq!(run(&[0xEE; 48]), vec![0xEE; 48]);
+        // A stale copy of the same output: every block, the short last
+        // one too, and nothing past it.
+        let mut stale = want.clone();
+        stale.extend([0xEE; 8]);
+        let mut expect = vec![DST_CANARY; 40];
+        expect.extend([0xEE; 8]);
+        assert_eq!(run(&stale), expect);
+        // Only the middle block left over from an earlier output.
+        let mut cur = vec![0xEE; 48];
+        cur[16..32].copy_from_slice(&want[16..32]);
+        let mut expect = vec![0xEE; 48];
+        expect[16..32].fill(DST_CANARY);
+        assert_eq!(run(&cur), expect);
+        // One byte different makes a different block.
+        cur[16..32].copy_from_slice(&want[16..32]);
+        cur[20] ^= 1;
+        assert_eq!(run(&cur), cur);
     }
 }
