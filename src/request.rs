@@ -692,10 +692,16 @@ impl LaneReq<'_> {
     /// the lines the driver's CPU just wrote or read are on their way: the
     /// AES loop would otherwise stall on each of them in turn.
     pub fn prefetch(&self) {
-        let lines = self.len.div_ceil(64).min(Self::PREFETCH_LINES);
-        for i in 0..lines {
-            prefetch_read(self.src.wrapping_add(64 * i));
-            prefetch_write(self.dst.wrapping_add(64 * i));
+        // Lines touched, counted from each buffer's first line (the
+        // buffers need not be line aligned).
+        let lines = |p: usize| ((p % 64) + self.len).div_ceil(64).min(Self::PREFETCH_LINES);
+        let src = self.src.wrapping_sub(self.src as usize % 64);
+        for i in 0..lines(self.src as usize) {
+            prefetch_read(src.wrapping_add(64 * i));
+        }
+        let dst = self.dst.wrapping_sub(self.dst as usize % 64);
+        for i in 0..lines(self.dst as usize) {
+            prefetch_write(dst.wrapping_add(64 * i));
         }
         prefetch_write(self.status);
     }

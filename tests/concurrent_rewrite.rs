@@ -253,7 +253,7 @@ fn create_sessions(vm: &mut Vm) -> Sessions {
     };
     let k256: Vec<u8> = (0..32).map(|i| 0x40 + i as u8).collect();
     let k192: Vec<u8> = (0..24).map(|i| 0x90 ^ i as u8).collect();
-    let auth: Vec<u8> = (0..32).map(|i| 0x11 * (i as u8 + 1)).collect();
+    let auth: Vec<u8> = (0..32).map(|i| 0x11u8.wrapping_mul(i as u8 + 1)).collect();
     let mut list = vec![
         cipher(E, true, NIST_KEY.to_vec()),
         cipher(D, false, NIST_KEY.to_vec()),
