@@ -50,6 +50,8 @@ use crate::session_msg::{
 use crate::sessions::SessionRegistry;
 use crate::wire::Status;
 
+/// `VHOST_USER_GET_FEATURES`.
+pub const VHOST_USER_GET_FEATURES: u32 = 1;
 /// `VHOST_USER_SET_FEATURES`.
 pub const VHOST_USER_SET_FEATURES: u32 = 2;
 /// `VHOST_USER_SET_PROTOCOL_FEATURES`.
@@ -282,6 +284,10 @@ fn pump_requests(
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
     let mut acked_protocol: u64 = 0;
+    // Whether the library has answered GET_FEATURES: from then on it
+    // counts our offered features (which always include
+    // VHOST_USER_F_PROTOCOL_FEATURES) for REPLY_ACK, not the acked ones.
+    let mut features_offered = false;
     let mut rings = vec![RingSetup::default(); config.num_queues];
     while let Some(msg) = recv_message(frontend)? {
         let (request, flags, _) = decode_header(&msg.hdr);
@@ -336,7 +342,19 @@ fn pump_requests(
                 if request == VHOST_USER_SET_PROTOCOL_FEATURES && msg.payload.len() == 8 {
                     acked_protocol = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
                 }
-                let reply_ack = acked_features & PROTOCOL_FEATURES_BIT != 0
+                if request == VHOST_USER_GET_FEATURES {
+                    features_offered = true;
+                }
+                // The library's rule (vhost 0.18 `update_reply_ack_flag`):
+                // REPLY_ACK is on once the features it *offered* in its last
+                // GET_FEATURES reply include PROTOCOL_FEATURES and the
+                // frontend acked REPLY_ACK; SET_FEATURES does not matter.
+                // (Using the acked features here missed the ack of a
+                // NEED_REPLY message sent before SET_FEATURES, e.g.
+                // SET_OWNER: its reply then settled the count of another
+                // one and a CREATE reply could overtake that one's.)
+                let reply_ack = features_offered
+                    && crate::backend::FEATURES & PROTOCOL_FEATURES_BIT != 0
                     && acked_protocol & VHOST_USER_PROTOCOL_F_REPLY_ACK != 0;
                 if expects_reply(request, flags, reply_ack) {
                     owed.owe();
@@ -716,6 +734,47 @@ mod tests {
         r.front.send_with_fds(&[&msg(26, 1, &p)[..]], &[]).unwrap();
         let (_, _, reply, _) = read_msg(&r.front).unwrap();
         assert_eq!(&reply[1064..1072], &(-3i64).to_le_bytes());
+    }
+
+    /// A NEED_REPLY message sent after SET_PROTOCOL_FEATURES(REPLY_ACK) but
+    /// before SET_FEATURES (SET_OWNER here) is acked by the library; a
+    /// CREATE right behind it must wait for that ack, however late the
+    /// library sends it.
+    #[test]
+    fn create_waits_for_the_ack_of_a_need_reply_before_set_features() {
+        let r = rig(AbiChoice::Auto);
+        let ack = |req: u32| msg(req, 5, &0u64.to_le_bytes());
+        // GET_FEATURES: forwarded, answered by the library.
+        r.front.send_with_fds(&[&msg(1, 1, &[])[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(1));
+        r.lib
+            .send_with_fds(&[&msg(1, 5, &crate::backend::FEATURES.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(1));
+        // SET_PROTOCOL_FEATURES(CRYPTO_SESSION | REPLY_ACK), no reply.
+        let pf: u64 = (1 << 7) | VHOST_USER_PROTOCOL_F_REPLY_ACK;
+        r.front
+            .send_with_fds(&[&msg(16, 1, &pf.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(16));
+        // SET_OWNER with NEED_REPLY, then at once a CREATE.
+        let mut create = vec![0u8; 632];
+        create[8] = 3;
+        create[12] = 16;
+        create[32] = 1;
+        create[33] = 1;
+        r.front
+            .send_with_fds(
+                &[&[msg(3, 1 | VHOST_USER_NEED_REPLY_MASK, &[]), msg(26, 1, &create)].concat()[..]],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(3));
+        // The library is slow to ack: nothing may reach the frontend before.
+        thread::sleep(Duration::from_millis(100));
+        r.lib.send_with_fds(&[&ack(3)[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(3), "SET_OWNER's ack first");
+        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(26), "then CREATE's reply");
     }
 
     #[test]
