@@ -308,9 +308,15 @@ impl DriverQueue {
         }
     }
 
-    /// Slot `slot`'s buffer set (see [`DriverQueue::layout`]).
-    fn buf(&self, slot: u16) -> usize {
+    /// Slot `slot`'s buffer set, `0..buffer_sets()` (see
+    /// [`DriverQueue::layout`]).
+    pub fn buf(&self, slot: u16) -> usize {
         usize::from(slot % self.nbufs)
+    }
+
+    /// Number of buffer sets.
+    pub fn buffer_sets(&self) -> u16 {
+        self.nbufs
     }
 
     /// Guest addresses of slot `slot`'s buffers. With indirect tables the

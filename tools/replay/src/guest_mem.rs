@@ -155,19 +155,6 @@ impl GuestMem {
         prefetch(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) });
     }
 
-    /// Whether the bytes at `gpa` equal `data` (a 16-byte block is
-    /// compared as one word, without a call).
-    pub fn holds(&self, gpa: u64, data: &[u8]) -> bool {
-        let off = self.check(gpa, data.len());
-        if let Ok(block) = <&[u8; 16]>::try_from(data) {
-            // SAFETY: in bounds (checked); an unaligned 16-byte read of the
-            // mapping into a local.
-            let cur: [u8; 16] = unsafe { std::ptr::read_unaligned(self.ptr.add(off) as *const [u8; 16]) };
-            return u128::from_ne_bytes(cur) == u128::from_ne_bytes(*block);
-        }
-        self.view(gpa, data.len()) == data
-    }
-
     /// Reads bytes at `gpa`.
     pub fn read(&self, gpa: u64, buf: &mut [u8]) {
         let off = self.check(gpa, buf.len());

@@ -103,8 +103,8 @@ const MAX_REPORTED: usize = 10;
 const PUBLISH_EVERY: u16 = 32;
 
 /// A request in flight: the trace request, when it was submitted, its
-/// sequence number in the run.
-type InFlight<'a> = (&'a Req, Option<Instant>, u64);
+/// sequence number in the run, its expected output's block signature.
+type InFlight<'a> = (&'a Req, Option<Instant>, u64, &'a [u32]);
 
 /// Completions whose buffers are prefetched ahead of the one being checked.
 const PREFETCH_AHEAD: usize = 4;
@@ -121,6 +121,10 @@ struct Run<'a> {
     ids: HashMap<String, i64>,
     latencies: Vec<u32>,
     inflight: Vec<Vec<Option<InFlight<'a>>>>,
+    /// Per queue and buffer set: the block signature of the output its dst
+    /// buffer is known to hold (the expected output of the last request
+    /// checked there and found right), or None when not known.
+    dst_known: Vec<Vec<Option<&'a [u32]>>>,
     seq: u64,
     /// Completions per status byte (turned into `status_counts` at the end).
     status_counts: [u64; 256],
@@ -198,7 +202,7 @@ impl<'a> Run<'a> {
     }
 
     fn check(&mut self, q: usize, u: Used) {
-        let Some((req, t0, seq)) = self.inflight[q]
+        let Some((req, t0, seq, sig)) = self.inflight[q]
             .get_mut(usize::from(u.slot))
             .and_then(Option::take)
         else {
@@ -231,7 +235,12 @@ impl<'a> Run<'a> {
         let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
         mem.read(l.digest, digest);
         let status = mem.read_u8(l.status);
+        let before = self.report.mismatches;
         self.check_outcome(req, seq, u, status, dst, digest);
+        let b = self.fe.queues[q].buf(u.slot);
+        self.dst_known[q][b] = Some(sig).filter(|_| {
+            req.dst.is_some() && self.report.mismatches == before && status == 0 && !req.in_place
+        });
         self.mems = mems;
     }
 
@@ -309,7 +318,7 @@ impl<'a> Run<'a> {
     /// Starts loading what checking completion `u` reads: its output and
     /// status (written by the backend's CPU) and the expected output.
     fn prefetch(&self, q: usize, u: Used) {
-        let Some(Some((req, _, _))) = self.inflight[q].get(usize::from(u.slot)) else {
+        let Some(Some((req, _, _, _))) = self.inflight[q].get(usize::from(u.slot)) else {
             return;
         };
         let l = self.fe.queues[q].layout(u.slot);
@@ -342,10 +351,11 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn requests(&mut self, reqs: &'a [Req], rr: &mut usize) -> Result<(), Error> {
+    fn requests(&mut self, reqs: &'a [Req], sigs: &'a [Vec<u32>], rr: &mut usize) -> Result<(), Error> {
         let nq = self.fe.queues.len();
         let mut last_session: Option<(&str, u64)> = None;
         for (i, req) in reqs.iter().enumerate() {
+            let sig = sigs.get(i).map_or(&[][..], Vec::as_slice);
             if let Some(next) = reqs.get(i + PREFETCH_AHEAD) {
                 // The trace's bytes of a request a few ahead (they stream
                 // from memory: a long trace does not fit the caches).
@@ -428,9 +438,14 @@ impl<'a> Run<'a> {
                     // write it is caught; the other blocks are left alone:
                     // writing them would pull their lines over to this CPU
                     // just before the backend writes them.
-                    Some(want) => canary_where_already_holding(mem, l.dst, &want[..want.len().min(n)]),
+                    Some(want) => {
+                        let known = self.dst_known[q][dq.buf(slot)];
+                        canary_where_same(mem, l.dst, known, sig, &want[..want.len().min(n)]);
+                    }
                     None => mem.fill(l.dst, n, DST_CANARY),
                 }
+                // Not known again until this request is checked.
+                self.dst_known[q][dq.buf(slot)] = None;
             }
             if let Some(c) = &req.chain {
                 let n = c.digest_in.len().min(DIGEST_AREA);
@@ -448,7 +463,7 @@ impl<'a> Run<'a> {
             let seq = self.seq;
             self.seq += 1;
             let t0 = (seq % LATENCY_SAMPLE == 0).then(Instant::now);
-            self.inflight[q][usize::from(slot)] = Some((req, t0, seq));
+            self.inflight[q][usize::from(slot)] = Some((req, t0, seq, sig));
             if dq.next_slot().is_none() || dq.in_flight() >= self.opts.queue_depth {
                 self.drain(q, false)?;
             } else if dq.unpublished() >= PUBLISH_EVERY.min(self.opts.queue_depth / 4).max(1) {
@@ -464,15 +479,53 @@ impl<'a> Run<'a> {
     }
 }
 
+/// The block signature of an expected output: the first 4 bytes of each
+/// of its 16-byte blocks as one word (fewer, zero-padded, in a shorter
+/// last block). Two outputs whose signatures differ at block j differ in
+/// block j; unrelated blocks have equal words once in 2^32.
+pub fn block_signature(out: &[u8]) -> Vec<u32> {
+    out.chunks(16)
+        .map(|b| {
+            let mut w = [0u8; 4];
+            let n = b.len().min(4);
+            w[..n].copy_from_slice(&b[..n]);
+            u32::from_le_bytes(w)
+        })
+        .collect()
+}
+
 /// Puts the canary in every 16-byte block of the buffer at `dst` (the
-/// last block may be shorter) that already holds its bytes of `want`: a
-/// backend that left such a block alone would look right. The other
-/// blocks are not written.
-fn canary_where_already_holding(mem: &crate::guest_mem::GuestMem, dst: u64, want: &[u8]) {
+/// last block may be shorter) that may already hold its bytes of `want`
+/// (whose signature is `want_sig`), going by `known`, the signature of
+/// what the buffer is known to hold: the blocks whose signature bytes are
+/// equal, those past `known`'s end, or all of them when nothing is known.
+/// A backend that left such a block alone would look right; the other
+/// blocks differ from `want` already and are not written (writing them
+/// would pull their lines over to this CPU just before the backend writes
+/// them). Only the two signatures are read, not the outputs.
+fn canary_where_same(
+    mem: &crate::guest_mem::GuestMem,
+    dst: u64,
+    known: Option<&[u32]>,
+    want_sig: &[u32],
+    want: &[u8],
+) {
+    let Some(known) = known else {
+        mem.fill(dst, want.len(), DST_CANARY);
+        return;
+    };
+    // The usual case, checked without a branch per block (vectorised): the
+    // known output covers `want` and no block signature is equal.
+    let any_equal = known
+        .iter()
+        .zip(want_sig)
+        .fold(false, |acc, (k, w)| acc | (k == w));
+    if !any_equal && known.len() >= want_sig.len() {
+        return;
+    }
     for (j, w) in want.chunks(16).enumerate() {
-        let at = dst + 16 * j as u64;
-        if mem.holds(at, w) {
-            mem.fill(at, w.len(), DST_CANARY);
+        if known.get(j).is_none_or(|k| want_sig.get(j) == Some(k)) {
+            mem.fill(dst + 16 * j as u64, w.len(), DST_CANARY);
         }
     }
 }
@@ -496,7 +549,24 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         );
         b
     });
+    // Block signatures of every expected output, made before the run.
+    let sigs: Vec<Vec<Vec<u32>>> = trace
+        .steps
+        .iter()
+        .map(|s| match s {
+            Step::Requests(v) => v
+                .iter()
+                .map(|r| r.dst.as_deref().map(block_signature).unwrap_or_default())
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
     let mems = fe.queues.iter().map(|q| q.mem_handle()).collect();
+    let dst_known = fe
+        .queues
+        .iter()
+        .map(|q| vec![None; usize::from(q.buffer_sets())])
+        .collect();
     let mut run = Run {
         fe,
         opts,
@@ -504,6 +574,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         ids: HashMap::new(),
         latencies: Vec::with_capacity(total.min(50_000_000) as usize),
         inflight: slots,
+        dst_known,
         seq: 0,
         status_counts: [0; 256],
         mems,
@@ -514,7 +585,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     let mut busy = Duration::ZERO;
     let mut rr = 0usize;
     for _ in 0..opts.repeat {
-        for step in &trace.steps {
+        for (si, step) in trace.steps.iter().enumerate() {
             match step {
                 Step::Create {
                     line,
@@ -530,6 +601,10 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     let t = Instant::now();
                     let out = crate::raw::run_raw(run.fe, r, lookup, opts.timeout)?;
                     busy += t.elapsed();
+                    // A raw request writes its buffer set's whole area.
+                    for known in run.dst_known.iter_mut().flatten() {
+                        *known = None;
+                    }
                     run.report.requests += 1;
                     let name = out
                         .status
@@ -546,7 +621,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                 }
                 Step::Requests(reqs) => {
                     let t = Instant::now();
-                    run.requests(reqs, &mut rr)?;
+                    run.requests(reqs, &sigs[si], &mut rr)?;
                     busy += t.elapsed();
                 }
             }
@@ -698,38 +773,51 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::{canary_where_already_holding, DST_CANARY};
+    use super::{block_signature, canary_where_same, DST_CANARY};
     use crate::guest_mem::GuestMem;
 
     #[test]
-    fn canary_goes_where_dst_already_holds_the_expected_bytes() {
+    fn canary_goes_where_dst_may_already_hold_the_expected_bytes() {
         let mem = GuestMem::new(1 << 20).unwrap();
         let want: Vec<u8> = (0..40).collect();
-        let run = |cur: &[u8]| {
-            mem.write(0x100, cur);
-            canary_where_already_holding(&mem, 0x100, &want);
+        let want_sig = block_signature(&want);
+        let word = |b: [u8; 4]| u32::from_le_bytes(b);
+        assert_eq!(
+            want_sig,
+            vec![word([0, 1, 2, 3]), word([16, 17, 18, 19]), word([32, 33, 34, 35])]
+        );
+        // What the canaries leave in a buffer that held 0xEE everywhere,
+        // when it is known to hold an output with signature `known`.
+        let run = |known: Option<&[u32]>| {
+            mem.fill(0x100, 48, 0xEE);
+            canary_where_same(&mem, 0x100, known, &want_sig, &want);
             let mut got = vec![0u8; 48];
             mem.read(0x100, &mut got);
             got
         };
-        // Nothing in common: nothing written.
-        assert_eq!(run(&[0xEE; 48]), vec![0xEE; 48]);
-        // A stale copy of the same output: every block, the short last
-        // one too, and nothing past it.
-        let mut stale = want.clone();
-        stale.extend([0xEE; 8]);
-        let mut expect = vec![DST_CANARY; 40];
-        expect.extend([0xEE; 8]);
-        assert_eq!(run(&stale), expect);
-        // Only the middle block left over from an earlier output.
-        let mut cur = vec![0xEE; 48];
-        cur[16..32].copy_from_slice(&want[16..32]);
-        let mut expect = vec![0xEE; 48];
-        expect[16..32].fill(DST_CANARY);
-        assert_eq!(run(&cur), expect);
-        // One byte different makes a different block.
-        cur[16..32].copy_from_slice(&want[16..32]);
-        cur[20] ^= 1;
-        assert_eq!(run(&cur), cur);
+        // The buffer with the canary in the (start, end) byte ranges.
+        let blocks = |canaried: &[(usize, usize)]| {
+            let mut v = vec![0xEE; 48];
+            for &(a, b) in canaried {
+                v[a..b].fill(DST_CANARY);
+            }
+            v
+        };
+        // Nothing known: the whole output, nothing past it.
+        assert_eq!(run(None), blocks(&[(0, 40)]));
+        // Different in every block: nothing.
+        assert_eq!(run(Some(&[1, 2, 3])), blocks(&[]));
+        // The same output: every block, the short last one too.
+        assert_eq!(run(Some(&want_sig)), blocks(&[(0, 16), (16, 32), (32, 40)]));
+        // Equal in the middle block only.
+        assert_eq!(run(Some(&[1, want_sig[1], 3])), blocks(&[(16, 32)]));
+        // A shorter known output: the blocks past its end are unknown.
+        assert_eq!(run(Some(&[1])), blocks(&[(16, 32), (32, 40)]));
+        // The signature tells blocks apart by their first 4 bytes; a short
+        // last block is zero-padded.
+        let mut other = want.clone();
+        other[19] ^= 1;
+        assert_ne!(block_signature(&other)[1], want_sig[1]);
+        assert_eq!(block_signature(&[9, 8]), vec![word([9, 8, 0, 0])]);
     }
 }
