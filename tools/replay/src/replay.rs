@@ -432,12 +432,13 @@ impl<'a> Run<'a> {
                 let n = req.src.len();
                 match req.dst.as_ref().filter(|_| req.status == ExpectStatus::Ok) {
                     // Every output byte is compared with the expected one
-                    // afterwards. A 16-byte block of dst that already holds
-                    // its expected bytes (left by an earlier request, or by
-                    // a raw one) gets the canary, so a backend that does not
-                    // write it is caught; the other blocks are left alone:
-                    // writing them would pull their lines over to this CPU
-                    // just before the backend writes them.
+                    // afterwards. A 16-byte block of dst that may already
+                    // hold its expected bytes (going by what the buffer is
+                    // known to hold, see `canary_where_same`) gets the
+                    // canary, so a backend that does not write it is caught;
+                    // the other blocks are left alone: writing them would
+                    // pull their lines over to this CPU just before the
+                    // backend writes them.
                     Some(want) => {
                         let known = self.dst_known[q][dq.buf(slot)];
                         canary_where_same(mem, l.dst, known, sig, &want[..want.len().min(n)]);
