@@ -35,14 +35,7 @@ fn setup(size: usize, opcode: u32) -> Bench {
         GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), (BUFS + slot * u64::from(QSIZE)) as usize)])
             .unwrap();
     let (mut reg, mut tables) = session_set(16, 1);
-    let mut info = SymSessionInfo {
-        cipher_alg: 3,
-        key_len: 16,
-        op_type: 1,
-        direction: 1,
-        ..Default::default()
-    };
-    info.cipher_key[..16].copy_from_slice(&[0x2b; 16]);
+    let mut info = SymSessionInfo::aes_cbc(&[0x2b; 16], 1);
     assert_eq!(reg.create(&info), 1);
     info.direction = 2;
     assert_eq!(reg.create(&info), 2);

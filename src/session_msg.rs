@@ -20,7 +20,9 @@
 use std::fmt;
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::wire::VIRTIO_CRYPTO_CIPHER_CREATE_SESSION;
+use crate::wire::{
+    VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
 
 /// `VHOST_USER_CREATE_CRYPTO_SESSION` (QEMU `hw/virtio/vhost-user.c`,
 /// DPDK `lib/vhost/vhost_user.h`).
@@ -181,6 +183,24 @@ impl Default for SymSessionInfo {
 }
 
 impl SymSessionInfo {
+    /// A plain AES-CBC cipher session (`op_type` `VIRTIO_CRYPTO_SYM_OP_CIPHER`,
+    /// `cipher_alg` `VIRTIO_CRYPTO_CIPHER_AES_CBC`, spec §5.9.7.2.1) in
+    /// `direction` (`VIRTIO_CRYPTO_OP_ENCRYPT` 1 or `_DECRYPT` 2) with
+    /// `key`: `key_len` is `key.len()`, and at most the array's 64 bytes
+    /// are copied (a longer key is the backend's to refuse).
+    pub fn aes_cbc(key: &[u8], direction: u8) -> Self {
+        let mut info = SymSessionInfo {
+            cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
+            key_len: key.len() as u32,
+            op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER as u8,
+            direction,
+            ..Default::default()
+        };
+        let n = key.len().min(MAX_CIPHER_KEY_LEN);
+        info.cipher_key[..n].copy_from_slice(&key[..n]);
+        info
+    }
+
     /// The cipher key bytes, or `None` when `key_len` exceeds the 64-byte array.
     pub fn cipher_key(&self) -> Option<&[u8]> {
         self.cipher_key.get(..self.key_len as usize)
@@ -383,6 +403,20 @@ mod tests {
     //! Fixtures are laid out byte by byte from the tables of the protocol
     //! reference §1.3, not produced by `encode_create`.
     use super::*;
+
+    #[test]
+    fn aes_cbc_session_fields_are_the_spec_values() {
+        // cipher_alg VIRTIO_CRYPTO_CIPHER_AES_CBC = 3, op_type
+        // VIRTIO_CRYPTO_SYM_OP_CIPHER = 1 (virtio 1.2 §5.9.5, §5.9.7.2.1).
+        let i = SymSessionInfo::aes_cbc(&[7; 16], 2);
+        assert_eq!((i.cipher_alg, i.op_type, i.direction, i.key_len), (3, 1, 2, 16));
+        assert_eq!(i.cipher_key(), Some(&[7u8; 16][..]));
+        // A key longer than the array: its length as given, 64 bytes copied.
+        let i = SymSessionInfo::aes_cbc(&[9; 70], 1);
+        assert_eq!(i.key_len, 70);
+        assert_eq!(i.cipher_key(), None);
+        assert!(i.cipher_key.iter().all(|&b| b == 9));
+    }
 
     const KEY: [u8; 16] = *b"0123456789abcdef";
 

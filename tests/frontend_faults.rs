@@ -461,16 +461,10 @@ fn frontend(sock: &Path, cfg: &FrontendConfig) -> CryptoFrontend {
 }
 
 fn session(key: &[u8], direction: u8) -> SymSessionInfo {
-    let mut i = SymSessionInfo {
+    SymSessionInfo {
         op_code: 2, // VIRTIO_CRYPTO_CIPHER_CREATE_SESSION (layouts A and C carry it)
-        cipher_alg: 3,
-        key_len: key.len() as u32,
-        op_type: 1,
-        direction,
-        ..Default::default()
-    };
-    i.cipher_key[..key.len()].copy_from_slice(key);
-    i
+        ..SymSessionInfo::aes_cbc(key, direction)
+    }
 }
 
 /// One request on queue `q`: writes header, IV, src, a 0xEE-filled dst

@@ -356,15 +356,10 @@ fn serve_nist(sock: &Path) -> CryptoFrontend {
         dpdk: false,
     };
     let mut fe = CryptoFrontend::connect(sock, &cfg).unwrap();
-    let mut info = SymSessionInfo {
+    let info = SymSessionInfo {
         op_code: 2,
-        cipher_alg: 3,
-        key_len: 16,
-        op_type: 1,
-        direction: 1,
-        ..Default::default()
+        ..SymSessionInfo::aes_cbc(&KEY, 1)
     };
-    info.cipher_key[..16].copy_from_slice(&KEY);
     let sid = fe.create_session(&info).unwrap();
     assert_eq!(sid, 1);
     let q = &mut fe.queues[0];

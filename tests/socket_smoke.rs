@@ -41,15 +41,7 @@ fn config(abi: SessionAbi, mode: DescMode) -> FrontendConfig {
 }
 
 fn session(direction: u8) -> SymSessionInfo {
-    let mut i = SymSessionInfo {
-        cipher_alg: 3,
-        key_len: 16,
-        op_type: 1,
-        direction,
-        ..Default::default()
-    };
-    i.cipher_key[..16].copy_from_slice(&KEY);
-    i
+    SymSessionInfo::aes_cbc(&KEY, direction)
 }
 
 /// Runs one request and returns (status, used len, dst).

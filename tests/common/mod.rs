@@ -150,15 +150,7 @@ pub struct Used {
 
 /// Session parameters for `SessionRegistry::create`.
 pub fn session_info(key: &[u8], direction: u8) -> SymSessionInfo {
-    let mut info = SymSessionInfo {
-        cipher_alg: 3,
-        key_len: key.len() as u32,
-        op_type: 1,
-        direction,
-        ..Default::default()
-    };
-    info.cipher_key[..key.len()].copy_from_slice(key);
-    info
+    SymSessionInfo::aes_cbc(key, direction)
 }
 
 /// A guest: memory, one data ring, the session registry and a queue worker.

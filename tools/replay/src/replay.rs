@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::{AlgChainPara, OpDataReq, VIRTIO_CRYPTO_CIPHER_AES_CBC};
+use vhost_user_crypto::wire::{AlgChainPara, OpDataReq};
 
 use crate::frontend::{CryptoFrontend, Error, Used, DIGEST_AREA};
 use crate::trace::{hex, ChainSession, Dir, ExpectStatus, Req, Step, Trace};
@@ -165,18 +165,13 @@ impl<'a> Run<'a> {
         expect_err: bool,
         chain: Option<&ChainSession>,
     ) -> Result<(), Error> {
-        let mut info = SymSessionInfo {
-            cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
-            key_len: key.len() as u32,
-            op_type: 1,
-            direction: match direction {
+        let mut info = SymSessionInfo::aes_cbc(
+            key,
+            match direction {
                 Dir::Encrypt => 1,
                 Dir::Decrypt => 2,
             },
-            ..Default::default()
-        };
-        let n = key.len().min(info.cipher_key.len());
-        info.cipher_key[..n].copy_from_slice(&key[..n]);
+        );
         if let Some(c) = chain {
             // ALGORITHM_CHAINING, hash_mode AUTH (spec §5.9.7.2.1).
             info.op_type = 2;

@@ -38,7 +38,7 @@ use clap::ValueEnum;
 use serde::Serialize;
 use vhost_user_crypto::request::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::{OpDataReq, VIRTIO_CRYPTO_CIPHER_AES_CBC};
+use vhost_user_crypto::wire::OpDataReq;
 use zeroize::Zeroizing;
 
 use crate::frontend::{
@@ -380,18 +380,13 @@ impl Soak<'_, '_> {
     }
 
     fn info(key: &[u8], dir: Direction) -> SymSessionInfo {
-        let mut info = SymSessionInfo {
-            cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
-            key_len: key.len() as u32,
-            op_type: 1,
-            direction: match dir {
+        SymSessionInfo::aes_cbc(
+            key,
+            match dir {
                 Direction::Encrypt => 1,
                 Direction::Decrypt => 2,
             },
-            ..Default::default()
-        };
-        info.cipher_key[..key.len()].copy_from_slice(key);
-        info
+        )
     }
 
     /// Creates a session with a fresh key from the stream.
