@@ -437,43 +437,34 @@ impl DriverQueue {
             *s = shape;
         }
         let head = match self.desc_mode {
-            DescMode::Indirect if unchanged && self.head_shape.get(usize::from(slot)) == Some(&shape) => slot,
-            DescMode::Indirect if unchanged => {
-                // The set's table is as needed; the slot's head descriptor
-                // may still point at it for another shape (another slot of
-                // the set changed it), or not at all yet.
-                let d = Desc {
-                    addr: l.table,
-                    len: 16 * descs.len() as u32,
-                    flags: VRING_DESC_F_INDIRECT,
-                    next: 0,
-                };
-                self.mem
-                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
-                self.head_shape[usize::from(slot)] = shape;
-                slot
-            }
             DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
             DescMode::Indirect => {
-                for (i, &(addr, len, flags)) in descs.iter().enumerate() {
-                    let last = i + 1 == descs.len();
-                    let d = Desc {
-                        addr,
-                        len,
-                        flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
-                        next: if last { 0 } else { i as u16 + 1 },
-                    };
-                    self.mem.write_if_changed(l.table + 16 * i as u64, &d.to_bytes());
+                if !unchanged {
+                    for (i, &(addr, len, flags)) in descs.iter().enumerate() {
+                        let last = i + 1 == descs.len();
+                        let d = Desc {
+                            addr,
+                            len,
+                            flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
+                            next: if last { 0 } else { i as u16 + 1 },
+                        };
+                        self.mem.write_if_changed(l.table + 16 * i as u64, &d.to_bytes());
+                    }
                 }
-                let d = Desc {
-                    addr: l.table,
-                    len: 16 * descs.len() as u32,
-                    flags: VRING_DESC_F_INDIRECT,
-                    next: 0,
-                };
-                self.mem
-                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
-                self.head_shape[usize::from(slot)] = shape;
+                // The slot's head descriptor may point at the set's table
+                // for another shape (another slot of the set changed it), or
+                // not at all yet.
+                if !unchanged || self.head_shape.get(usize::from(slot)) != Some(&shape) {
+                    let d = Desc {
+                        addr: l.table,
+                        len: 16 * descs.len() as u32,
+                        flags: VRING_DESC_F_INDIRECT,
+                        next: 0,
+                    };
+                    self.mem
+                        .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                    self.head_shape[usize::from(slot)] = shape;
+                }
                 slot
             }
             DescMode::Chain => {
