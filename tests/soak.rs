@@ -19,7 +19,7 @@ mod daemon;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::oracle;
 use daemon::spawn_daemon;
@@ -57,17 +57,12 @@ fn stream_digest(sock: &std::path::Path, o: &SoakOptions) -> u64 {
 #[test]
 fn soak_100k_mixed_requests_two_queues_every_output_checked_against_openssl() {
     let daemon = spawn_daemon(&["--queues", "2"]);
+    // The tool's defaults (depth 64, 8 sessions, a rekey every 1,000 and a
+    // closed session named every 500 requests, up to 16 KiB, mixed layouts).
     let o = SoakOptions {
         seed: 0x5eed_0005,
         count: 100_000,
-        queue_depth: 64,
-        sessions: 8,
-        rekey_every: 1000,
-        stale_every: 500,
-        max_size: 16384,
-        layouts: Layouts::Mixed,
-        timeout: Duration::from_secs(10),
-        progress: false,
+        ..SoakOptions::default()
     };
     let mut seen = vec![0u8; o.count as usize];
     let (mut openssl_checked, mut openssl_mismatches, mut stale_untouched) = (0u64, 0u64, 0u64);
