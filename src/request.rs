@@ -813,9 +813,10 @@ pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
     }
 }
 
-/// A hint to load the line holding `p` (`PREFETCHT0`); never faults.
+/// A hint to load the line holding `p` (`PREFETCHT0`); never faults, so
+/// any address may be given (nothing is read architecturally).
 #[inline(always)]
-fn prefetch_read(p: *const u8) {
+pub fn prefetch_read(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: PREFETCHT0 only hints the cache; it reads nothing and does
     // not fault, whatever the address (Intel SDM vol. 2, PREFETCHh).

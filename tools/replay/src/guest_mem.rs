@@ -216,14 +216,7 @@ pub const PREFETCH_MAX: usize = 1024;
 pub fn prefetch(bytes: &[u8]) {
     let n = bytes.len().min(PREFETCH_MAX);
     for off in (0..n).step_by(64) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the address is inside `bytes`; PREFETCHT0 reads nothing
-        // architecturally and never faults.
-        unsafe {
-            std::arch::asm!("prefetcht0 byte ptr [{0}]", in(reg) bytes.as_ptr().add(off), options(nostack, preserves_flags, readonly));
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = off;
+        vhost_user_crypto::request::prefetch_read(bytes[off..].as_ptr());
     }
 }
 
