@@ -399,6 +399,13 @@ impl DriverQueue {
         (!self.busy[self.buf(s)]).then_some(s)
     }
 
+    /// The slot the request `k` places after the next one will use, if its
+    /// buffer set is free now (for prefetching).
+    pub fn slot_ahead(&self, k: u16) -> Option<u16> {
+        let s = self.avail_idx.wrapping_add(k) % self.nslots;
+        (!self.busy[self.buf(s)]).then_some(s)
+    }
+
     /// Makes a plain cipher request available in `slot`, whose header, IV
     /// and src the caller has written; `iv_len` IV bytes, `len` = src = dst bytes.
     pub fn submit(&mut self, slot: u16, iv_len: u32, len: u32) {

@@ -155,6 +155,19 @@ impl GuestMem {
         prefetch(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) });
     }
 
+    /// Starts taking the cache lines of the `len` bytes at `gpa` for
+    /// writing (`PREFETCHW`; at most [`PREFETCH_MAX`] bytes; a hint only).
+    pub fn prefetch_write(&self, gpa: u64, len: usize) {
+        let len = len.min(PREFETCH_MAX);
+        let off = self.check(gpa, len);
+        // SAFETY: in bounds (checked); only addresses are formed.
+        let p = unsafe { self.ptr.add(off) };
+        let first = p as usize & !63;
+        for line in (first..p as usize + len).step_by(64) {
+            vhost_user_crypto::request::prefetch_write(line as *mut u8);
+        }
+    }
+
     /// Reads bytes at `gpa`.
     pub fn read(&self, gpa: u64, buf: &mut [u8]) {
         let off = self.check(gpa, buf.len());
