@@ -492,7 +492,7 @@ fn gather_array<const N: usize>(segs: &[Segment], offset: usize, out: &mut [u8; 
     let (p, n) = c.chunk();
     if n >= N {
         // SAFETY: p is mapped for n >= N bytes of a readable buffer (see
-        // `Cursor::chunk`); read once, unaligned, into a local copy.
+        // `Cursor::chunk`); read once, unaligned, into the caller's `out`.
         *out = unsafe { ptr::read_unaligned(p as *const [u8; N]) };
         return true;
     }

@@ -369,11 +369,14 @@ impl<'a> Run<'a> {
                 }
             };
             if let Some(next) = reqs.get(i + PREFETCH_AHEAD) {
-                // Take the lines that this queue's request a few ahead will
-                // write (src, and the IV + status line) for writing: the
-                // backend's CPU touched them last, and the stores would
-                // otherwise wait for those lines one after the other
-                // (+4-10 % requests/s at 256 bytes, depth 256).
+                // Take the lines that the request four places ahead on this
+                // queue will write (src, and the IV + status line) for
+                // writing: the backend's CPU touched them last, and the
+                // stores would otherwise wait for those lines one after the
+                // other (+4-10 % requests/s at 256 bytes, depth 256). Its
+                // size is taken from the trace's request four ahead, which
+                // is that request only with one queue; with several it is a
+                // guess, and a hint either way.
                 let dq = &self.fe.queues[q];
                 if let Some(s) = dq.slot_ahead(PREFETCH_AHEAD as u16) {
                     let l = dq.layout(s);
