@@ -149,23 +149,26 @@ impl GuestMem {
     /// Starts loading the cache lines of the `len` bytes at `gpa` (at
     /// most [`PREFETCH_MAX`] bytes; a hint only).
     pub fn prefetch(&self, gpa: u64, len: usize) {
-        let len = len.min(PREFETCH_MAX);
-        let off = self.check(gpa, len);
-        // SAFETY: in bounds (checked); only the address is formed.
-        prefetch(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) });
+        for line in self.lines(gpa, len) {
+            vhost_user_crypto::request::prefetch_read(line as *const u8);
+        }
     }
 
     /// Starts taking the cache lines of the `len` bytes at `gpa` for
     /// writing (`PREFETCHW`; at most [`PREFETCH_MAX`] bytes; a hint only).
     pub fn prefetch_write(&self, gpa: u64, len: usize) {
-        let len = len.min(PREFETCH_MAX);
-        let off = self.check(gpa, len);
-        // SAFETY: in bounds (checked); only addresses are formed.
-        let p = unsafe { self.ptr.add(off) };
-        let first = p as usize & !63;
-        for line in (first..p as usize + len).step_by(64) {
+        for line in self.lines(gpa, len) {
             vhost_user_crypto::request::prefetch_write(line as *mut u8);
         }
+    }
+
+    /// Host addresses of the cache lines the `len` bytes at `gpa` touch
+    /// (at most [`PREFETCH_MAX`] bytes of them; checked to be in range).
+    fn lines(&self, gpa: u64, len: usize) -> impl Iterator<Item = usize> {
+        let len = len.min(PREFETCH_MAX);
+        let off = self.check(gpa, len);
+        // SAFETY: in bounds (checked); only the address is formed.
+        line_starts(unsafe { self.ptr.add(off) } as usize, len)
     }
 
     /// Reads bytes at `gpa`.
@@ -227,15 +230,41 @@ pub const PREFETCH_MAX: usize = 1024;
 /// Starts loading the cache lines of `bytes` (at most [`PREFETCH_MAX`]
 /// bytes; `PREFETCHT0`, a hint that never faults).
 pub fn prefetch(bytes: &[u8]) {
-    let n = bytes.len().min(PREFETCH_MAX);
-    for off in (0..n).step_by(64) {
-        vhost_user_crypto::request::prefetch_read(bytes[off..].as_ptr());
+    for line in line_starts(bytes.as_ptr() as usize, bytes.len()) {
+        vhost_user_crypto::request::prefetch_read(line as *const u8);
     }
+}
+
+/// The start address of every 64-byte cache line that the first
+/// `min(len, PREFETCH_MAX)` bytes at address `p` touch (none when `len` is
+/// 0), counted from `p`'s own line, so an unaligned buffer gets its last
+/// line too.
+fn line_starts(p: usize, len: usize) -> impl Iterator<Item = usize> {
+    let end = p + len.min(PREFETCH_MAX);
+    let first = if len == 0 { end } else { p & !63 };
+    (first..end).step_by(64)
 }
 
 impl Drop for GuestMem {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what `new` mapped.
         unsafe { libc::munmap(self.ptr.cast(), self.size) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_starts_cover_every_touched_line() {
+        let v: Vec<usize> = line_starts(0x1030, 64).collect();
+        assert_eq!(v, [0x1000, 0x1040]);
+        let v: Vec<usize> = line_starts(0x1000, 64).collect();
+        assert_eq!(v, [0x1000]);
+        assert_eq!(line_starts(0x1030, 0).count(), 0);
+        // Capped at PREFETCH_MAX bytes from p: 0x1030..0x1430 touches 17 lines.
+        let v: Vec<usize> = line_starts(0x1030, 5000).collect();
+        assert_eq!((v.len(), v[0], v[16]), (17, 0x1000, 0x1400));
     }
 }
