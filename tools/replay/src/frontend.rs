@@ -395,8 +395,7 @@ impl DriverQueue {
     /// The slot the next request must use (ring position modulo slots, so
     /// DPDK's "avail slot i holds head i" holds in indirect mode), if free.
     pub fn next_slot(&self) -> Option<u16> {
-        let s = self.avail_idx % self.nslots;
-        (!self.busy[self.buf(s)]).then_some(s)
+        self.slot_ahead(0)
     }
 
     /// The slot the request `k` places after the next one will use, if its
