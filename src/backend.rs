@@ -53,6 +53,7 @@ pub struct CryptoBackend {
     poll: Duration,
     seccomp: Option<WorkerFilter>,
     event_idx: AtomicBool,
+    disconnected: AtomicBool,
 }
 
 thread_local! {
@@ -85,6 +86,7 @@ impl CryptoBackend {
             poll,
             seccomp: None,
             event_idx: AtomicBool::new(false),
+            disconnected: AtomicBool::new(false),
         })
     }
 
@@ -145,38 +147,50 @@ impl CryptoBackend {
             debug!("kick on queue {queue} before SET_MEM_TABLE");
             return Ok(());
         };
-        let mem = atomic.memory();
-        // A poisoned lock means an earlier batch panicked; the worker state
-        // is still consistent (it holds no partial updates), so carry on.
-        let mut worker = self.workers[queue].lock().unwrap_or_else(|e| e.into_inner());
-        let mut state = vring.get_mut();
-        let q = state.get_queue_mut();
-        if !q.ready() {
-            return Ok(());
-        }
-        let addrs = RingAddrs {
-            size: q.size(),
-            desc: q.desc_table(),
-            avail: q.avail_ring(),
-            used: q.used_ring(),
-        };
-        let mut next_avail = q.next_avail();
-        let mut next_used = q.next_used();
         // Adaptive busy-polling: after the last request, keep looking at
         // the avail ring for `poll` before going back to sleeping on kicks,
         // so a busy guest's next requests are taken without a wake-up. While
         // polling the worker asks the driver not to kick (queue.rs); when
         // polling ends it asks for kicks again and looks once more.
-        worker.event_idx = self.event_idx.load(Ordering::Relaxed);
         let mut polling = !self.poll.is_zero();
-        worker.set_polling(polling);
         let mut last_work = Instant::now();
         let mut idle_spins: u32 = 0;
         loop {
+            // The frontend is gone: stop at once, however busy the guest
+            // keeps the ring, so that the connection can be torn down and
+            // the next frontend served.
+            if self.disconnected.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            // The locks and the ring's state are taken anew for each batch
+            // (or empty look), not for the whole busy period: a control
+            // message that needs them (GET_VRING_BASE, memory or ring
+            // changes) waits for one batch at most, not for a guest that
+            // stops sending requests.
+            let mem = atomic.memory();
+            // A poisoned lock means an earlier batch panicked; the worker
+            // state is still consistent (it holds no partial updates), so
+            // carry on.
+            let mut worker = self.workers[queue].lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = vring.get_mut();
+            let q = state.get_queue_mut();
+            if !q.ready() {
+                return Ok(());
+            }
+            let addrs = RingAddrs {
+                size: q.size(),
+                desc: q.desc_table(),
+                avail: q.avail_ring(),
+                used: q.used_ring(),
+            };
+            let mut next_avail = q.next_avail();
+            let mut next_used = q.next_used();
+            worker.event_idx = self.event_idx.load(Ordering::Relaxed);
+            worker.set_polling(polling);
             let r = worker.process(&mem, addrs, &mut next_avail, &mut next_used);
             if r.completed > 0 {
-                state.get_queue_mut().set_next_avail(next_avail);
-                state.get_queue_mut().set_next_used(next_used);
+                q.set_next_avail(next_avail);
+                q.set_next_used(next_used);
                 // At most one notification per batch, and none when the
                 // driver said it does not want one (used_event, or the
                 // NO_INTERRUPT flag; see queue.rs).
@@ -185,28 +199,33 @@ impl CryptoBackend {
                         warn!("queue {queue}: signalling the call eventfd failed: {e}");
                     }
                 }
-                if !self.poll.is_zero() && !polling {
-                    polling = true;
-                    worker.set_polling(true);
-                }
+                polling = !self.poll.is_zero();
                 last_work = Instant::now();
                 idle_spins = 0;
                 continue;
             }
             if !polling {
                 // Kicks are enabled again and the ring was empty after that.
-                break;
+                return Ok(());
             }
+            drop(state);
+            drop(worker);
             idle_spins = idle_spins.wrapping_add(1);
             // The clock is read every 64 empty looks, not on each.
             if idle_spins % 64 == 0 && last_work.elapsed() >= self.poll {
+                // The next look re-enables kicks (`set_polling(false)`).
                 polling = false;
-                worker.set_polling(false);
             } else {
                 std::hint::spin_loop();
             }
         }
-        Ok(())
+    }
+
+    /// Tells the queue workers that the frontend has disconnected: each
+    /// returns from its current batch or poll instead of serving the ring
+    /// further (a guest may keep its ring busy after its frontend is gone).
+    pub fn disconnect(&self) {
+        self.disconnected.store(true, Ordering::Relaxed);
     }
 }
 

@@ -160,6 +160,10 @@ pub fn serve_stream(
         Ok(()) => debug!("frontend connection closed cleanly"),
         Err(e) => warn!("frontend connection ended: {e}"),
     }
+    // The queue workers stop serving now, even if the guest keeps its
+    // rings busy (else they would never go back to the library's event
+    // loop, and dropping the daemon below would wait for them forever).
+    backend.disconnect();
     if let Err(e) = daemon.wait() {
         debug!("vhost-user handler ended: {e}");
     }

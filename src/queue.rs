@@ -266,8 +266,11 @@ impl QueueWorker {
         self.stopped = None;
     }
 
-    /// Processes everything available on the ring, updating `next_avail`
-    /// and `next_used`. A ring that is broken (bad size or memory, or an
+    /// Processes what is available on the ring, updating `next_avail` and
+    /// `next_used`: one batch (at most [`MAX_BATCH`] chains) when polling,
+    /// else batches until the ring is empty or about one ring's worth
+    /// (queue size) completed in this call, whichever comes first; call
+    /// again while it completes any. A ring that is broken (bad size or memory, or an
     /// avail index that jumped past the queue size) is stopped: logged once,
     /// never processed again until the frontend sets it up anew (other
     /// addresses) or stops it ([`QueueWorker::reset`]).
@@ -404,8 +407,12 @@ impl QueueWorker {
             fence(Ordering::SeqCst);
             // A polling caller calls again at once: return after each batch
             // so its completions are notified now, not when a stream of
-            // requests that keeps this loop going finally pauses.
-            if self.polling || ring.avail_idx() == *next_avail {
+            // requests that keeps this loop going finally pauses. Otherwise
+            // go on while requests come, but for about one ring's worth at
+            // most, so that a guest that keeps its ring busy cannot keep
+            // the caller here (it checks between calls whether to stop) and
+            // the notification window stays far below 2^16 entries.
+            if self.polling || ring.avail_idx() == *next_avail || result.completed >= u32::from(ring.size) {
                 break;
             }
         }

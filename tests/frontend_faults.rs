@@ -2052,3 +2052,157 @@ fn unsealable_guest_memory_and_require_sealed_memory() {
     }
     assert_nist(&lenient.sock, "unsealable guest memory accepted with a warning");
 }
+
+/// A guest that keeps data ring 0 (set up by [`raw_ring`], one session
+/// `sid`) busy on its own, as another vCPU would: every avail entry names
+/// head 0, a 64 KiB encryption (header 0x10000, src 0x20000, dst 0x40000,
+/// status 0x14000), and a thread keeps the avail index 256 ahead of the
+/// used index, kicking after each move, until `stop` is set. Returns the
+/// thread and a reader of the used index.
+fn busy_guest(
+    mem: &File,
+    kick: &EventFd,
+    sid: u64,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (std::thread::JoinHandle<()>, impl Fn(&File) -> u16) {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::Ordering;
+    let (hdr_at, src_at, dst_at, status_at, len) =
+        (0x10000u64, 0x20000u64, 0x40000u64, 0x14000u64, 0x10000u32);
+    let (desc, avail, used) = (0x80000u64, 0x81000u64, 0x82000u64);
+    let h = OpDataReq {
+        opcode: ENCRYPT,
+        algo: 0,
+        session_id: sid,
+        op_type: 1,
+        iv_len: 16,
+        src_data_len: len,
+        dst_data_len: len,
+    };
+    mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
+    let chain = [
+        (hdr_at, 72u32, 0u16),
+        (0x11000, 16, 0),
+        (src_at, len, 0),
+        (dst_at, len, VRING_DESC_F_WRITE),
+        (status_at, 1, VRING_DESC_F_WRITE),
+    ];
+    for (k, &(addr, len, flags)) in chain.iter().enumerate() {
+        let last = k + 1 == chain.len();
+        let mut d = addr.to_le_bytes().to_vec();
+        d.extend_from_slice(&len.to_le_bytes());
+        d.extend_from_slice(&(flags | if last { 0 } else { VRING_DESC_F_NEXT }).to_le_bytes());
+        d.extend_from_slice(&(if last { 0u16 } else { k as u16 + 1 }).to_le_bytes());
+        mem.write_all_at(&d, desc + 16 * k as u64).unwrap();
+    }
+    for slot in 0..256u64 {
+        mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * slot)
+            .unwrap();
+    }
+    let used_idx = move |m: &File| {
+        let mut b = [0u8; 2];
+        m.read_exact_at(&mut b, used + 2).unwrap();
+        u16::from_le_bytes(b)
+    };
+    let mut a = used_idx(mem);
+    let (m, stop, kick) = (mem.try_clone().unwrap(), stop.clone(), kick.try_clone().unwrap());
+    let guest = std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            // Never more than the ring's 256 entries ahead, never backwards.
+            let want = used_idx(&m).wrapping_add(256);
+            if want.wrapping_sub(a) as i16 > 0 {
+                a = want;
+                m.write_all_at(&a.to_le_bytes(), avail + 2).unwrap();
+                // (Once the daemon has let go of the ring nobody reads
+                // this eventfd: it may fill up, which only fails the write.)
+                let _ = kick.write(1);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    (guest, used_idx)
+}
+
+/// The frontend disconnects while its guest keeps ring 0 busy (QEMU gone,
+/// or a frontend doing it on purpose; the guest's pages are still shared):
+/// the queue worker stops serving the ring at once, the connection is torn
+/// down and the next frontend is served, while the old guest still writes
+/// its avail index.
+#[test]
+fn busy_ring_after_disconnect_does_not_hold_up_the_next_frontend() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (guest, used_idx) = busy_guest(&mem, &kick, sid, &stop);
+    std::thread::sleep(Duration::from_millis(100));
+    let u0 = used_idx(&mem);
+    assert!(u0 > 0, "the busy guest's requests are served");
+    drop(c);
+    std::thread::sleep(Duration::from_millis(200));
+    let u1 = used_idx(&mem);
+    let next = Conn::open(&daemon.sock);
+    next.send(GET_FEATURES, V1, &[], &[]).unwrap();
+    let got = next.recv();
+    std::thread::sleep(Duration::from_millis(100));
+    let u2 = used_idx(&mem);
+    stop.store(true, Ordering::Relaxed);
+    guest.join().unwrap();
+    eprintln!("used.idx {u0} while connected, {u1} 200 ms after the disconnect, {u2} later");
+    assert!(
+        matches!(got, Got::Msg(GET_FEATURES, _, _)),
+        "the next frontend is not served while the old guest keeps its ring busy: {got:?}"
+    );
+    assert_eq!(u2, u1, "the ring is still served after its frontend left");
+    drop(next);
+    daemon.assert_alive("busy ring after disconnect");
+    assert_nist(&daemon.sock, "busy ring after disconnect");
+}
+
+/// GET_VRING_BASE while the guest keeps ring 0 busy: the reply comes
+/// (within a batch, not when the guest stops sending), and once it is
+/// back the ring is no longer served.
+#[test]
+fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (guest, used_idx) = busy_guest(&mem, &kick, sid, &stop);
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
+    let got = c.recv();
+    let u1 = used_idx(&mem);
+    std::thread::sleep(Duration::from_millis(100));
+    let u2 = used_idx(&mem);
+    stop.store(true, Ordering::Relaxed);
+    guest.join().unwrap();
+    let Got::Msg(GET_VRING_BASE, _, p) = got else {
+        panic!("GET_VRING_BASE not answered while the guest keeps the ring busy: {got:?}");
+    };
+    eprintln!("GET_VRING_BASE: {p:?}; used.idx {u1}, then {u2}");
+    assert!(u1 > 0, "the busy guest's requests were served");
+    assert_eq!(
+        p,
+        vring_state(0, u32::from(u1)),
+        "the base is where the used ring stopped"
+    );
+    assert_eq!(u2, u1, "the ring is still served after GET_VRING_BASE");
+    drop(c);
+    daemon.assert_alive("GET_VRING_BASE under a busy ring");
+    assert_nist(&daemon.sock, "GET_VRING_BASE under a busy ring");
+}
