@@ -150,7 +150,7 @@ impl SessionRegistry {
         self.live.insert(id);
         let session = Session { direction, key, mac };
         for t in &self.tables {
-            t.lock().map.insert(id, session.clone());
+            t.lock().map.insert(id, Box::new(session.clone()));
         }
         debug!(
             "session {id} created ({direction:?}, {} bits, mac {:?})",
@@ -167,7 +167,8 @@ impl SessionRegistry {
             return false;
         }
         for t in &self.tables {
-            // Dropping the session zeroizes its key schedule.
+            // Dropping the session zeroizes its key schedule where it lies
+            // (in its box: the table itself only ever held the pointer).
             drop(t.lock().map.remove(&id));
         }
         debug!("session {id} closed");
@@ -251,15 +252,21 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<SessionIdHasher>>;
 
 /// The sessions one queue can use, as the data path sees them while its
 /// table is locked.
+///
+/// Each session is boxed: removing an entry from a hash table moves the
+/// value out of its bucket (a bitwise copy) and growing the table moves
+/// every value to a new allocation, and neither zeroizes the bytes left
+/// behind. A box stays where it is, so the key schedule is zeroized in
+/// place when the session is dropped, and only the pointer is ever copied.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    map: IdMap<Session>,
+    map: IdMap<Box<Session>>,
 }
 
 impl Sessions {
     /// Looks a session up.
     pub fn get(&self, id: u64) -> Option<&Session> {
-        self.map.get(&id)
+        self.map.get(&id).map(|s| &**s)
     }
 
     /// Number of sessions.
