@@ -14,8 +14,11 @@
 //!   when the ring has both, followed by an injected
 //!   `SET_VRING_ENABLE(index, 1)` without NEED_REPLY, so the ring is live
 //!   once the frontend has set it up, whether or not the frontend ever
-//!   enables it (a real `SET_VRING_ENABLE` is forwarded as is; after
-//!   `GET_VRING_BASE` stops a ring, it is enabled again once set up again);
+//!   enables it (after `GET_VRING_BASE` stops a ring, it is enabled again
+//!   once set up again). A real `SET_VRING_ENABLE` is forwarded as is, and
+//!   from then on that ring's enable state is the frontend's: nothing is
+//!   injected for it any more (a ring it disabled stays disabled when it
+//!   sends a new call fd);
 //! * `SET_VRING_NUM` and `SET_VRING_BASE` values no split ring can have end
 //!   the connection (the library would accept or truncate them), and so do
 //!   memory regions larger than the file behind them (SIGBUS on access);
@@ -365,7 +368,11 @@ fn pump_requests(
                     // eventfd (QEMU sends KICK before CALL): a request done
                     // before the call fd is set would complete without an
                     // interrupt, and the guest would wait for it forever.
-                    if ring.kick && ring.call && !ring.enabled && acked_features & PROTOCOL_FEATURES_BIT != 0
+                    if ring.kick
+                        && ring.call
+                        && !ring.enabled
+                        && !ring.frontend_enables
+                        && acked_features & PROTOCOL_FEATURES_BIT != 0
                     {
                         debug!("enabling data ring {index} (frontend set it up)");
                         send_all(backend, &enable_message(index as u32), &[])?;
@@ -484,6 +491,10 @@ struct RingSetup {
     kick: bool,
     call: bool,
     enabled: bool,
+    /// The frontend has sent `SET_VRING_ENABLE` for this ring on this
+    /// connection (kept when the ring is stopped): it enables and disables
+    /// the ring itself.
+    frontend_enables: bool,
 }
 
 /// Updates `rings` for a forwarded message; returns the ring it set up
@@ -506,9 +517,15 @@ fn track_ring_setup<'r>(
         VHOST_USER_SET_VRING_KICK => ring.kick = has_fd,
         VHOST_USER_SET_VRING_CALL => ring.call = has_fd,
         // The library stops the ring and drops both fds.
-        VHOST_USER_GET_VRING_BASE => *ring = RingSetup::default(),
+        VHOST_USER_GET_VRING_BASE => {
+            *ring = RingSetup {
+                frontend_enables: ring.frontend_enables,
+                ..RingSetup::default()
+            }
+        }
         _ => {
             ring.enabled = word >> 32 != 0;
+            ring.frontend_enables = true;
             return None;
         }
     }
@@ -619,6 +636,50 @@ mod tests {
                 let _ = t.join();
             }
         }
+    }
+
+    /// A frontend that sends SET_VRING_ENABLE itself manages the ring:
+    /// a ring it disabled is not enabled again behind its back when it
+    /// sends a new call fd (QEMU does on every guest-notifier change), nor
+    /// when it sets the ring up again after stopping it.
+    #[test]
+    fn a_ring_the_frontend_disabled_stays_disabled() {
+        let r = rig(AbiChoice::Auto);
+        let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+        let send = |req: u32, payload: &[u8], fd: bool| {
+            let fds = if fd { vec![efd.as_raw_fd()] } else { vec![] };
+            r.front.send_with_fds(&[&msg(req, 1, payload)[..]], &fds).unwrap();
+        };
+        send(2, &(1u64 << 30).to_le_bytes(), false);
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(2));
+        for req in [12u32, 13] {
+            send(req, &0u64.to_le_bytes(), true);
+            assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(req));
+        }
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(18), "enabled once set up");
+        // SET_VRING_ENABLE(0, 0): forwarded as is.
+        send(18, &[0; 8], false);
+        assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0; 8], 0)));
+        // A new call fd: forwarded, nothing injected.
+        send(13, &0u64.to_le_bytes(), true);
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(13));
+        assert_eq!(
+            read_msg(&r.lib),
+            None,
+            "ring enabled again against SET_VRING_ENABLE(0, 0)"
+        );
+        // Stopped and set up again: still the frontend's to enable.
+        send(11, &[0; 8], false);
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(11));
+        for req in [12u32, 13] {
+            send(req, &0u64.to_le_bytes(), true);
+            assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(req));
+        }
+        assert_eq!(read_msg(&r.lib), None, "ring enabled again after a restart");
+        // Its own SET_VRING_ENABLE(0, 1) is forwarded.
+        send(18, &[0, 0, 0, 0, 1, 0, 0, 0], false);
+        assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0, 0, 0, 0, 1, 0, 0, 0], 0)));
+        assert_eq!(read_msg(&r.lib), None);
     }
 
     #[test]
