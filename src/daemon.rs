@@ -185,13 +185,18 @@ pub fn run(config: &Config) -> Result<(), Error> {
     let filter = if config.seccomp {
         let f = WorkerFilter::new()?;
         f.probe()?;
-        info!("queue workers run under the seccomp allow-list");
         Some(f)
     } else {
-        warn!("--seccomp off: queue workers run without a syscall filter");
         None
     };
     let listener = bind_listener(&config.socket_path)?;
+    // Logged once the socket is bound, so that a socket problem is the
+    // only line printed.
+    if filter.is_some() {
+        info!("queue workers run under the seccomp allow-list");
+    } else {
+        warn!("--seccomp off: queue workers run without a syscall filter");
+    }
     info!("listening on {}", config.socket_path.display());
     loop {
         if let Err(e) = serve_one(&listener, config, filter.as_ref()) {

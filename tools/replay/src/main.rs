@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_crypto_replay::gen::{generate, GenOpcode, GenOptions};
 use vhost_crypto_replay::replay::{compare_outcomes, replay, ReplayOptions};
@@ -91,13 +91,20 @@ struct SoakArgs {
 }
 
 /// Which backend to drive, and the session payload layout.
+///
+/// Exactly one of --socket and --spawn-daemon is required (the `backend`
+/// group), so a missing or doubled backend is reported naming both. The
+/// requirement is waived when a subcommand is given instead
+/// (`args_conflicts_with_subcommands` on [`Cli`]).
 #[derive(Debug, Args)]
+#[group(skip)]
+#[command(group(ArgGroup::new("backend").args(["socket", "spawn_daemon"]).required(true).multiple(false)))]
 struct BackendArgs {
     /// Backend socket to connect to.
-    #[arg(long, required_unless_present = "spawn_daemon")]
+    #[arg(long)]
     socket: Option<PathBuf>,
     /// Start the daemon on a private socket for this run, and stop it after.
-    #[arg(long, conflicts_with = "socket")]
+    #[arg(long)]
     spawn_daemon: bool,
     /// Daemon binary for --spawn-daemon (default: vhost-user-crypto next to this binary).
     #[arg(long)]
@@ -161,6 +168,8 @@ struct GenArgs {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Trace file (JSON Lines).
+    // Required, but an Option: `gen` and `soak` leave it unset.
+    #[arg(required = true)]
     trace: Option<PathBuf>,
     #[command(flatten)]
     backend: BackendArgs,
@@ -363,4 +372,82 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("vhost-crypto-replay").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn replay_needs_a_trace_and_exactly_one_backend() {
+        let cli = parse(&["--spawn-daemon", "t.jsonl"]).unwrap();
+        assert!(cli.cmd.is_none() && cli.run.backend.spawn_daemon);
+        assert_eq!(cli.run.trace.as_deref(), Some(std::path::Path::new("t.jsonl")));
+        let cli = parse(&[
+            "--socket",
+            "s",
+            "--dpdk",
+            "--json",
+            "--queue-depth",
+            "8",
+            "t.jsonl",
+        ])
+        .unwrap();
+        assert_eq!(cli.run.backend.socket.as_deref(), Some(std::path::Path::new("s")));
+        assert!(parse(&["--spawn-daemon", "--dpdk-diff", "d", "t.jsonl"]).is_ok());
+
+        // A missing backend names both alternatives.
+        let e = parse(&["t.jsonl"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--socket") && msg.contains("--spawn-daemon"),
+            "{msg}"
+        );
+        assert_eq!(
+            parse(&["--spawn-daemon"]).unwrap_err().kind(),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(parse(&[]).unwrap_err().kind(), ErrorKind::MissingRequiredArgument);
+        assert_eq!(
+            parse(&["--socket", "s", "--spawn-daemon", "t.jsonl"])
+                .unwrap_err()
+                .kind(),
+            ErrorKind::ArgumentConflict
+        );
+    }
+
+    #[test]
+    fn subcommands_do_not_need_the_replay_arguments() {
+        let cli = parse(&[
+            "gen", "--opcode", "encrypt", "--size", "256", "--count", "3", "--out", "f",
+        ])
+        .unwrap();
+        assert!(matches!(cli.cmd, Some(Cmd::Gen(_))));
+        let Some(Cmd::Soak(s)) = parse(&["soak", "--spawn-daemon", "--count", "5"]).unwrap().cmd else {
+            panic!("not soak");
+        };
+        assert!(s.backend.spawn_daemon && s.backend.socket.is_none());
+        assert!(parse(&["soak", "--socket", "s"]).is_ok());
+        let e = parse(&["soak"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        assert!(e.to_string().contains("--spawn-daemon"));
+        assert_eq!(
+            parse(&["soak", "--socket", "s", "--spawn-daemon"])
+                .unwrap_err()
+                .kind(),
+            ErrorKind::ArgumentConflict
+        );
+    }
 }
