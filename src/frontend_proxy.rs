@@ -42,7 +42,7 @@ use std::thread;
 
 use log::{debug, info, warn};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::request::MAX_QUEUE_SIZE;
 use crate::session_msg::{
@@ -107,10 +107,12 @@ pub enum AbiChoice {
     Fixed(SessionAbi),
 }
 
-/// A received message: header, payload, attached fds.
+/// A received message: header, payload, attached fds. The payload is
+/// zeroized when the message is dropped: a CREATE_CRYPTO_SESSION carries
+/// the session's keys.
 struct Message {
     hdr: [u8; VHOST_USER_HDR_SIZE],
-    payload: Vec<u8>,
+    payload: Zeroizing<Vec<u8>>,
     fds: Vec<File>,
 }
 
@@ -166,7 +168,7 @@ fn recv_message(sock: &UnixStream) -> io::Result<Option<Message>> {
             format!("message payload of {size} bytes exceeds {VHOST_USER_MAX_PAYLOAD}"),
         ));
     }
-    let mut payload = vec![0u8; size];
+    let mut payload = Zeroizing::new(vec![0u8; size]);
     (&*sock).read_exact(&mut payload)?;
     Ok(Some(Message { hdr, payload, fds }))
 }
@@ -546,9 +548,10 @@ fn enable_message(index: u32) -> [u8; VHOST_USER_HDR_SIZE + 8] {
 }
 
 /// Decodes a CREATE payload, runs it through the registry and builds the
-/// reply message. Never fails: a payload that matches no layout, or not the
-/// forced one, gets a negative session id in a reply of the same size.
-pub fn handle_create(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice) -> Vec<u8> {
+/// reply message (zeroized when dropped, see [`create_reply`]). Never
+/// fails: a payload that matches no layout, or not the forced one, gets a
+/// negative session id in a reply of the same size.
+pub fn handle_create(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice) -> Zeroizing<Vec<u8>> {
     let layout = match abi {
         AbiChoice::Auto => SessionAbi::detect(payload),
         AbiChoice::Fixed(a) => Some(a),

@@ -311,13 +311,15 @@ pub fn encode_create(abi: SessionAbi, info: &SymSessionInfo) -> Vec<u8> {
 /// Builds the whole reply message (header + payload) to a CREATE whose
 /// payload was `request`: request 26, flags `0x5` (REPLY | version 1), the
 /// same size, the request payload echoed with both key arrays zeroed, and
-/// `session_id` (the id, or a negative value) at the layout's offset.
+/// `session_id` (the id, or a negative value) at the layout's offset. The
+/// message is zeroized when dropped (a payload of another kind, e.g. an
+/// asymmetric session's, keeps its key bytes where they were).
 ///
 /// QEMU accepts the reply only with exactly these flags, request and size
 /// (`vhost_user_crypto_create_session`). For a payload of unknown size
 /// (`abi` = `None`) the id goes at offset 0 when it fits.
-pub fn create_reply(request: &[u8], abi: Option<SessionAbi>, session_id: i64) -> Vec<u8> {
-    let mut msg = Vec::with_capacity(VHOST_USER_HDR_SIZE + request.len());
+pub fn create_reply(request: &[u8], abi: Option<SessionAbi>, session_id: i64) -> Zeroizing<Vec<u8>> {
+    let mut msg = Zeroizing::new(Vec::with_capacity(VHOST_USER_HDR_SIZE + request.len()));
     msg.extend_from_slice(&encode_header(
         VHOST_USER_CREATE_CRYPTO_SESSION,
         VHOST_USER_VERSION | VHOST_USER_REPLY_MASK,

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Closed sessions leave no key behind on the heap: after CLOSE, no heap
-//! block the session code allocated — still in use or already freed —
-//! holds the cipher key's bytes (for AES-128 the first round key is the key
-//! itself; for AES-256 the first two are).
+//! Keys leave nothing behind on the heap: after CLOSE, no heap block the
+//! session code allocated — still in use or already freed — holds the
+//! cipher key's bytes (for AES-128 the first round key is the key itself;
+//! for AES-256 the first two are), and neither does any block the session
+//! message channel used for a CREATE (its payload and its reply).
 //!
 //! This file is its own test binary on purpose: its `#[global_allocator]`
 //! records every block the test thread allocates while a thread-local flag
@@ -13,10 +14,20 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
-use vhost_user_crypto::session_msg::SymSessionInfo;
+use vhost_user_crypto::frontend_proxy::{self, AbiChoice, ProxyConfig};
+use vhost_user_crypto::session_msg::{
+    close_request, create_request, reply_session_id, SessionAbi, SymSessionInfo,
+};
 use vhost_user_crypto::sessions::session_set;
+
+/// The tests share the block table and counters: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// The secret keys (no heap copy of them is made by the test itself).
 const KEY128: [u8; 16] = *b"\xc3\x5a\x11\x99zeroize-m\x7e\x42\x24";
@@ -155,6 +166,8 @@ const FILLER: usize = 7300;
 
 #[test]
 fn closed_sessions_leave_no_key_on_the_heap() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    FREED_WITH_KEY.store(0, Ordering::Relaxed);
     TRACKING.set(true);
     let (mut reg, tables) = session_set(FILLER + 2, 2);
     let enc = SymSessionInfo::aes_cbc(&KEY128, 1);
@@ -193,4 +206,47 @@ fn closed_sessions_leave_no_key_on_the_heap() {
     assert_eq!(live, 0, "blocks in use still holding a closed session's key");
     assert_eq!(freed, 0, "blocks freed without zeroizing a closed session's key");
     drop((reg, tables));
+}
+
+/// A CREATE (layout C, the AES-128 key) and a CLOSE through the session
+/// message channel (`frontend_proxy::run` on this thread, between two
+/// socket pairs): the received payload, the reply and everything else the
+/// channel allocated hold no key once the connection is over.
+#[test]
+fn session_messages_leave_no_key_on_the_heap() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    FREED_WITH_KEY.store(0, Ordering::Relaxed);
+    let (mut front, front_peer) = UnixStream::pair().unwrap();
+    let (lib, lib_peer) = UnixStream::pair().unwrap();
+    TRACKING.set(true);
+    let (registry, tables) = session_set(8, 1);
+    {
+        let create = create_request(SessionAbi::C, &SymSessionInfo::aes_cbc(&KEY128, 1));
+        // SAFETY: a live Vec's bytes.
+        let holds = unsafe { holds_key(create.as_ptr(), create.len()) };
+        assert!(holds, "precondition: the CREATE message holds the key");
+        front.write_all(&create).unwrap();
+    }
+    front.write_all(&close_request(1)).unwrap();
+    front.shutdown(Shutdown::Write).unwrap();
+    let config = ProxyConfig {
+        abi: AbiChoice::Auto,
+        num_queues: 1,
+        require_sealed_memory: false,
+    };
+    frontend_proxy::run(front_peer, lib_peer, registry, config).unwrap();
+    let live = live_blocks_with_key();
+    let freed = FREED_WITH_KEY.load(Ordering::Relaxed);
+    TRACKING.set(false);
+    let mut reply = Vec::new();
+    front.read_to_end(&mut reply).unwrap();
+    assert_eq!(reply.len(), 12 + 1072, "one CREATE reply");
+    assert_eq!(reply_session_id(&reply[12..], SessionAbi::C), Some(1));
+    assert!(tables[0].lock().is_empty(), "the session was closed");
+    assert_eq!(live, 0, "blocks in use holding the key after the connection");
+    assert_eq!(
+        freed, 0,
+        "blocks of the session message channel freed with the key in them"
+    );
+    drop(lib);
 }

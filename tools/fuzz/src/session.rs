@@ -483,7 +483,7 @@ pub fn run_program(prog: &SessionProgram) -> Outcome {
                 if off + 8 <= body.len() {
                     body[off..off + 8].copy_from_slice(&want_id.to_le_bytes());
                 }
-                if reply != want {
+                if *reply != want {
                     let i = reply.iter().zip(&want).position(|(a, b)| a != b);
                     panic!(
                         "CREATE reply differs ({} vs {} bytes, first difference at {i:?}); \
