@@ -7,8 +7,12 @@
 //! Per frontend message:
 //! * `CREATE_CRYPTO_SESSION` (26): answered here, in the payload's layout
 //!   (A, B or C, detected or forced), from the connection's session registry;
-//! * `CLOSE_CRYPTO_SESSION` (27): handled here, never answered (QEMU reads
-//!   no reply; one would desynchronise the channel); unknown ids are ignored;
+//! * `CLOSE_CRYPTO_SESSION` (27): handled here; unknown ids are ignored.
+//!   Answered only when the frontend negotiated `REPLY_ACK` and sets
+//!   `NEED_REPLY` on it: then with the u64 ack the vhost-user spec gives
+//!   such messages (0 = closed, 1 = unknown id or malformed payload). QEMU
+//!   does not set the flag and reads no reply (one would desynchronise
+//!   the channel);
 //! * `SET_VRING_KICK` (12) and `SET_VRING_CALL` (13) with fds on a data
 //!   ring, once `VHOST_USER_F_PROTOCOL_FEATURES` was acked: forwarded, and
 //!   when the ring has both, followed by an injected
@@ -48,7 +52,7 @@ use crate::request::MAX_QUEUE_SIZE;
 use crate::session_msg::{
     create_reply, decode_close, decode_create, decode_header, encode_header, SessionAbi,
     VHOST_USER_CLOSE_CRYPTO_SESSION, VHOST_USER_CREATE_CRYPTO_SESSION, VHOST_USER_HDR_SIZE,
-    VHOST_USER_MAX_PAYLOAD, VHOST_USER_NEED_REPLY_MASK, VHOST_USER_VERSION,
+    VHOST_USER_MAX_PAYLOAD, VHOST_USER_NEED_REPLY_MASK, VHOST_USER_REPLY_MASK, VHOST_USER_VERSION,
 };
 use crate::sessions::SessionRegistry;
 use crate::wire::Status;
@@ -279,6 +283,27 @@ fn expects_reply(request: u32, flags: u32, reply_ack: bool) -> bool {
     ALWAYS.contains(&request) || (reply_ack && flags & VHOST_USER_NEED_REPLY_MASK != 0)
 }
 
+/// Whether REPLY_ACK is in force: the library's rule (see its use in
+/// [`pump_requests`]).
+fn reply_ack_on(features_offered: bool, acked_protocol: u64) -> bool {
+    features_offered
+        && crate::backend::FEATURES & PROTOCOL_FEATURES_BIT != 0
+        && acked_protocol & VHOST_USER_PROTOCOL_F_REPLY_ACK != 0
+}
+
+/// The ack of a `NEED_REPLY` message under REPLY_ACK: the request's own
+/// code, flags REPLY | version 1, a u64 payload (0 = success).
+fn ack_message(request: u32, value: u64) -> [u8; VHOST_USER_HDR_SIZE + 8] {
+    let mut m = [0u8; VHOST_USER_HDR_SIZE + 8];
+    m[..VHOST_USER_HDR_SIZE].copy_from_slice(&encode_header(
+        request,
+        VHOST_USER_VERSION | VHOST_USER_REPLY_MASK,
+        8,
+    ));
+    m[VHOST_USER_HDR_SIZE..].copy_from_slice(&value.to_le_bytes());
+    m
+}
+
 fn pump_requests(
     frontend: &UnixStream,
     backend: &UnixStream,
@@ -303,12 +328,20 @@ fn pump_requests(
                 let w = frontend_w.lock().unwrap_or_else(|e| e.into_inner());
                 send_all(&w, &reply, &[])?;
             }
-            VHOST_USER_CLOSE_CRYPTO_SESSION => match decode_close(&msg.payload) {
-                Ok(id) => {
-                    registry.close(id);
+            VHOST_USER_CLOSE_CRYPTO_SESSION => {
+                let closed = match decode_close(&msg.payload) {
+                    Ok(id) => registry.close(id),
+                    Err(e) => {
+                        warn!("CLOSE_CRYPTO_SESSION ignored: {e}");
+                        false
+                    }
+                };
+                if flags & VHOST_USER_NEED_REPLY_MASK != 0 && reply_ack_on(features_offered, acked_protocol) {
+                    owed.wait_settled();
+                    let w = frontend_w.lock().unwrap_or_else(|e| e.into_inner());
+                    send_all(&w, &ack_message(request, u64::from(!closed)), &[])?;
                 }
-                Err(e) => warn!("CLOSE_CRYPTO_SESSION ignored: {e}"),
-            },
+            }
             _ => {
                 debug!(
                     "forwarding request {request} (flags {flags:#x}, {} fds)",
@@ -358,9 +391,7 @@ fn pump_requests(
                 // NEED_REPLY message sent before SET_FEATURES, e.g.
                 // SET_OWNER: its reply then settled the count of another
                 // one and a CREATE reply could overtake that one's.)
-                let reply_ack = features_offered
-                    && crate::backend::FEATURES & PROTOCOL_FEATURES_BIT != 0
-                    && acked_protocol & VHOST_USER_PROTOCOL_F_REPLY_ACK != 0;
+                let reply_ack = reply_ack_on(features_offered, acked_protocol);
                 if expects_reply(request, flags, reply_ack) {
                     owed.owe();
                 }
@@ -839,6 +870,53 @@ mod tests {
         r.lib.send_with_fds(&[&ack(3)[..]], &[]).unwrap();
         assert_eq!(read_msg(&r.front).map(|m| m.0), Some(3), "SET_OWNER's ack first");
         assert_eq!(read_msg(&r.front).map(|m| m.0), Some(26), "then CREATE's reply");
+    }
+
+    /// CLOSE is answered with an ack only when the frontend negotiated
+    /// REPLY_ACK and sets NEED_REPLY on it: 0 for a session it closed, 1
+    /// for an unknown id; without the flag there is no reply.
+    #[test]
+    fn close_with_need_reply_gets_an_ack_under_reply_ack() {
+        let r = rig(AbiChoice::Auto);
+        // Before REPLY_ACK is negotiated, NEED_REPLY on CLOSE gets nothing.
+        r.front
+            .send_with_fds(
+                &[&msg(27, 1 | VHOST_USER_NEED_REPLY_MASK, &9u64.to_le_bytes())[..]],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(read_msg(&r.front), None, "a reply without REPLY_ACK");
+        r.front.send_with_fds(&[&msg(1, 1, &[])[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(1));
+        r.lib
+            .send_with_fds(&[&msg(1, 5, &crate::backend::FEATURES.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(1));
+        let pf: u64 = (1 << 7) | VHOST_USER_PROTOCOL_F_REPLY_ACK;
+        r.front
+            .send_with_fds(&[&msg(16, 1, &pf.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(16));
+        // A session to close (layout A, AES-128 encrypt; id at offset 0).
+        let mut create = vec![0u8; 632];
+        create[8] = 3;
+        create[12] = 16;
+        create[32] = 1;
+        create[33] = 1;
+        r.front.send_with_fds(&[&msg(26, 1, &create)[..]], &[]).unwrap();
+        let (_, _, reply, _) = read_msg(&r.front).unwrap();
+        assert_eq!(&reply[..8], &1i64.to_le_bytes());
+        let close = |id: u64, flags: u32| {
+            r.front
+                .send_with_fds(&[&msg(27, flags, &id.to_le_bytes())[..]], &[])
+                .unwrap();
+            read_msg(&r.front)
+        };
+        let ack = |v: u64| Some((27, 5, v.to_le_bytes().to_vec(), 0));
+        assert_eq!(close(1, 1 | VHOST_USER_NEED_REPLY_MASK), ack(0), "closed");
+        assert_eq!(close(1, 1 | VHOST_USER_NEED_REPLY_MASK), ack(1), "already closed");
+        assert_eq!(close(7, 1), None, "no NEED_REPLY, no reply");
+        assert_eq!(read_msg(&r.lib), None, "CLOSE is never forwarded");
     }
 
     #[test]
