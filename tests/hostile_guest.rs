@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Hostile-guest cases (`docs/hostile-guest-cases.md`) driven through
+//! Hostile-guest cases (`../shared/docs/hostile-guest-cases.md`, next to the repository) driven through
 //! `QueueWorker::process` on a split ring built by hand in real guest
 //! memory. Expected values come from the cases file, NIST SP 800-38A and
 //! OpenSSL, never from the code under test.

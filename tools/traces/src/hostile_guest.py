@@ -113,8 +113,8 @@ raw(hdr(), d, "err", 1, comment="H12 the same with a status byte: ERR")
 
 d = baseline(); d[3] = {"addr": 0xFFFFFFFFFFFFFF00, "len": 64, "write": True}
 raw(hdr(), d, "err", 1, comment="H13 D3 at 0xFFFFFFFFFFFFFF00")
-d = baseline(); d.insert(4, {"addr": 0x7FFF00000000, "len": 64, "write": True})
-raw(hdr(src=128, dst=128), baseline(), "err", 1, comment="H13 dst beyond the buffers present")
+d = baseline(PT + PT, src_len=128); d.insert(4, {"addr": 0x7FFF00000000, "len": 64, "write": True})
+raw(hdr(src=128, dst=128), d, "err", 1, comment="H13 dst runs on past guest memory (D3, then 64 bytes at 0x7FFF00000000)")
 d = baseline(); d[1] = {"addr": 0x7FFFFFFFFFF8, "len": 16}
 raw(hdr(), d, "err", 1, comment="H13 IV outside guest memory")
 
