@@ -769,10 +769,25 @@ pub fn prepare<'s>(
 /// Encrypts the lanes (all under the same key, at most
 /// [`algorithms::MAX_LANES`]) with multi-buffer AES-CBC and writes their OK
 /// status bytes.
+///
+/// Lanes whose buffers overlap one another where one of them writes (a
+/// guest that gives two requests of a batch the same or overlapping
+/// bytes) are not run side by side: their slices would alias. They run one
+/// at a time in order instead, each status written after its request, so
+/// the guest sees what a serial device would give it.
 pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
     let Some(key) = lanes.iter().flatten().next().map(|l| l.key) else {
         return;
     };
+    if lanes_overlap(lanes) {
+        for l in lanes.iter().flatten() {
+            let mut one = [lane(l)];
+            let _ = cbc_encrypt_multi(key, &mut one);
+            // SAFETY: as below; the lane's slices are gone.
+            unsafe { ptr::write_volatile(l.status, Status::Ok as u8) };
+        }
+        return;
+    }
     // Only the first `used` entries are handed over: a group of fewer
     // than MAX_LANES (the end of a batch, a lone request at queue depth
     // 1) runs as that many lanes, and one request as a single stream.
@@ -783,37 +798,78 @@ pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
     let mut used = 0;
     for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
         used += 1;
-        let buf = if std::ptr::eq(l.src, l.dst) {
-            // SAFETY: dst is mapped for len bytes of device-writable guest
-            // memory that the batch's memory guard keeps mapped, and no
-            // other Rust reference to it exists while the lanes run. Two
-            // requests of one batch whose buffers overlap are a guest bug
-            // that can only change their own output bytes.
-            InOutBuf::from(unsafe { std::slice::from_raw_parts_mut(l.dst, l.len) })
-        } else {
-            // SAFETY: as above; src is mapped for len bytes and does not
-            // overlap dst (checked in `prepare`).
-            let (i, o) = unsafe {
-                (
-                    std::slice::from_raw_parts(l.src, l.len),
-                    std::slice::from_raw_parts_mut(l.dst, l.len),
-                )
-            };
-            match InOutBuf::new(i, o) {
-                Ok(b) => b,
-                // Same lengths by construction.
-                Err(_) => continue,
-            }
-        };
-        *m = Lane { iv: l.iv, buf };
+        *m = lane(l);
     }
     // Lengths are whole blocks and there are at most MAX_LANES lanes.
     let _ = cbc_encrypt_multi(key, &mut multi[..used]);
     for l in lanes.iter().flatten() {
         // SAFETY: the status pointer is the mapped last writable byte of
-        // this request's chain, outside its dst bytes.
+        // this request's chain, outside its dst bytes; the lanes' slices
+        // are gone (a status byte inside another request's buffers only
+        // changes that request's output bytes).
         unsafe { ptr::write_volatile(l.status, Status::Ok as u8) };
     }
+}
+
+/// The multi-buffer lane of one request: its dst, and its src unless the
+/// request is in place.
+fn lane<'a>(l: &LaneReq<'_>) -> Lane<'a> {
+    let buf = if std::ptr::eq(l.src, l.dst) {
+        // SAFETY: dst is mapped for len bytes of device-writable guest
+        // memory that the batch's memory guard keeps mapped, and no other
+        // Rust reference to it exists while the lane runs: the lanes run
+        // side by side only when none overlaps another where one writes
+        // (`lanes_overlap`). The guest may write it concurrently, which
+        // can only change its own output bytes.
+        InOutBuf::from(unsafe { std::slice::from_raw_parts_mut(l.dst, l.len) })
+    } else {
+        // SAFETY: as above; src is mapped for len bytes and does not
+        // overlap dst (checked in `prepare`).
+        let (i, o) = unsafe {
+            (
+                std::slice::from_raw_parts(l.src, l.len),
+                std::slice::from_raw_parts_mut(l.dst, l.len),
+            )
+        };
+        // Same lengths by construction.
+        InOutBuf::new(i, o).unwrap_or_else(|_| InOutBuf::from(<&mut [u8]>::default()))
+    };
+    Lane { iv: l.iv, buf }
+}
+
+/// Whether two of the lanes overlap where one of them writes: a dst with
+/// the other's dst or src (srcs are only read, and may be shared).
+fn lanes_overlap(lanes: &[Option<LaneReq<'_>>]) -> bool {
+    let mut dst = [(0usize, 0usize); MAX_LANES];
+    let mut src = [(0usize, 0usize); MAX_LANES];
+    let mut n = 0;
+    // The usual case first: each lane's buffers (from its lower start to
+    // its higher end) lie after the previous lane's, as a driver that
+    // fills its buffers in ring order lays them out; then no two lanes can
+    // meet, at one compare per lane.
+    let mut ascending = true;
+    let mut prev_end = 0usize;
+    for l in lanes.iter().flatten().take(MAX_LANES) {
+        let d = (l.dst as usize, (l.dst as usize).saturating_add(l.len));
+        let s = (l.src as usize, (l.src as usize).saturating_add(l.len));
+        ascending &= prev_end <= d.0.min(s.0);
+        prev_end = d.1.max(s.1);
+        dst[n] = d;
+        src[n] = s;
+        n += 1;
+    }
+    if ascending {
+        return false;
+    }
+    let meet = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
+    let mut hit = false;
+    for i in 0..n {
+        for j in i + 1..n {
+            // (`|` rather than `||`: no branch per check.)
+            hit |= meet(dst[i], dst[j]) | meet(dst[i], src[j]) | meet(src[i], dst[j]);
+        }
+    }
+    hit
 }
 
 /// A hint to load the line holding `p` (`PREFETCHT0`); never faults, so
@@ -1083,5 +1139,81 @@ fn copy_streams(readable: &[Segment], src_off: usize, writable: &[Segment], dst_
         src.advance(n);
         dst.advance(n);
         left -= n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lanes at fake addresses (never dereferenced): (src, dst) pairs of
+    /// 64-byte buffers.
+    fn lanes<'k>(key: &'k AesCbcKey, bufs: &[(usize, usize)]) -> Vec<Option<LaneReq<'k>>> {
+        bufs.iter()
+            .map(|&(s, d)| {
+                Some(LaneReq {
+                    key,
+                    iv: [0; 16],
+                    src: s as *const u8,
+                    dst: d as *mut u8,
+                    len: 64,
+                    status: (d + 4096) as *mut u8,
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lanes_overlap_only_where_one_of_them_writes() {
+        let key = AesCbcKey::new(&[7; 16]).unwrap();
+        let k = 0x10000;
+        // (what, (src, dst) of each lane, whether they overlap)
+        type Case = (&'static str, Vec<(usize, usize)>, bool);
+        let cases: [Case; 8] = [
+            (
+                "ascending, apart",
+                vec![(k, k + 64), (k + 128, k + 192), (k + 256, k + 320)],
+                false,
+            ),
+            (
+                "descending, apart",
+                vec![(k + 256, k + 320), (k + 128, k + 192), (k, k + 64)],
+                false,
+            ),
+            (
+                "src far from dst, interleaved, apart",
+                vec![(k, k + 4096), (k + 64, k + 4160)],
+                false,
+            ),
+            ("one src read by two", vec![(k, k + 4096), (k, k + 8192)], false),
+            (
+                "dst is the other's src",
+                vec![(k, k + 4096), (k + 4096, k + 8192)],
+                true,
+            ),
+            (
+                "dsts meet by one byte",
+                vec![(k, k + 4096), (k + 128, k + 4096 + 63)],
+                true,
+            ),
+            (
+                "in place, the same bytes",
+                vec![(k, k), (k + 4096, k + 4096), (k, k)],
+                true,
+            ),
+            (
+                "src meets a later dst",
+                vec![(k, k + 4096), (k + 8192, k + 32)],
+                true,
+            ),
+        ];
+        for (what, bufs, want) in cases {
+            assert_eq!(lanes_overlap(&lanes(&key, &bufs)), want, "{what}");
+        }
+        // Empty slots in the group are skipped.
+        let mut l = lanes(&key, &[(k, k + 4096), (k + 4096, k + 8192)]);
+        l.insert(1, None);
+        assert!(lanes_overlap(&l));
+        assert!(!lanes_overlap(&[None, None]));
     }
 }

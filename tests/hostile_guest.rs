@@ -1402,3 +1402,70 @@ fn ring_in_a_region_with_an_odd_guest_start() {
     assert_eq!(vm.used_idx(), 0);
     vm.assert_canary(Addrs::at(base).dst, DST_AREA);
 }
+
+/// Requests of one batch whose buffers overlap one another (a guest bug,
+/// or a guest probing the device): B reads A's dst as its src, and C
+/// writes A's dst again. Encrypt requests under one key normally run side
+/// by side as multi-buffer lanes; these must not (two lanes' slices would
+/// alias), and they run one after another in avail order instead, the
+/// result any serial device would give: B encrypts A's output, and A's dst
+/// ends up holding C's output. Nothing outside the three requests'
+/// writable buffers changes.
+#[test]
+fn overlapping_requests_of_one_batch_run_one_after_another() {
+    let mut vm = Vm::new();
+    let (a_at, b_at, c_at) = (0x40_0000u64, 0x50_0000u64, 0x60_0000u64);
+    let shared = Addrs::at(a_at).dst;
+    let c_src: Vec<u8> = NIST_PT.iter().rev().copied().collect();
+    let a = vm.stage_at(a_at, &hdr(ENCRYPT, E, 64, 64), &NIST_PT);
+    let mut b = vm.stage_at(b_at, &hdr(ENCRYPT, E, 64, 64), &[0x5a; 64]);
+    b[2] = r(shared, 64);
+    let mut c = vm.stage_at(c_at, &hdr(ENCRYPT, E, 64, 64), &c_src);
+    c[3] = w(shared, 64);
+    // Two rounds: direct chains, then indirect tables.
+    for indirect in [false, true] {
+        vm.fill(shared, 64, CANARY);
+        let heads: Vec<u16> = [&a, &b, &c]
+            .iter()
+            .map(|bufs| {
+                if indirect {
+                    vm.indirect(bufs)
+                } else {
+                    vm.chain(bufs)
+                }
+            })
+            .collect();
+        for &h in &heads {
+            vm.push(h);
+        }
+        let used = vm.run_batch();
+        assert_eq!(
+            used.iter().map(|u| u.id).collect::<Vec<_>>(),
+            heads.iter().map(|&h| u32::from(h)).collect::<Vec<_>>()
+        );
+        for (u, base) in used.iter().zip([a_at, b_at, c_at]) {
+            assert_eq!(
+                (u.len, vm.byte(Addrs::at(base).status)),
+                (65, OK),
+                "request at {base:#x}"
+            );
+        }
+        let a_out = oracle(true, &NIST_KEY, &NIST_IV, &NIST_PT);
+        assert_eq!(a_out, NIST_CT, "oracle");
+        let b_out = oracle(true, &NIST_KEY, &NIST_IV, &a_out);
+        let c_out = oracle(true, &NIST_KEY, &NIST_IV, &c_src);
+        assert_eq!(
+            vm.read(Addrs::at(b_at).dst, 64),
+            b_out,
+            "B encrypted A's output (indirect: {indirect})"
+        );
+        assert_eq!(
+            vm.read(shared, 64),
+            c_out,
+            "A's dst holds C's output, written last (indirect: {indirect})"
+        );
+        vm.assert_canary(shared + 64, 0x1000 - 64);
+        vm.assert_canary(Addrs::at(b_at).dst + 64, 0x1000 - 64);
+        vm.assert_canary(Addrs::at(c_at).dst, 0x1000);
+    }
+}
