@@ -173,8 +173,12 @@ impl CryptoBackend {
             // carry on.
             let mut worker = self.workers[queue].lock().unwrap_or_else(|e| e.into_inner());
             let mut state = vring.get_mut();
+            let enabled = state.is_enabled();
             let q = state.get_queue_mut();
             if !q.ready() {
+                // Stopped (GET_VRING_BASE): the ring is not touched any
+                // more. Should the frontend start it again, registering its
+                // kick fd runs this handler once, which turns kicks back on.
                 return Ok(());
             }
             let addrs = RingAddrs {
@@ -183,6 +187,14 @@ impl CryptoBackend {
                 avail: q.avail_ring(),
                 used: q.used_ring(),
             };
+            if !enabled {
+                // Disabled by the frontend (SET_VRING_ENABLE 0): nothing
+                // more is processed; kicks are turned back on in case this
+                // worker had them suppressed while polling, so the driver
+                // kicks for its next request.
+                worker.enable_notifications(&mem, addrs);
+                return Ok(());
+            }
             let mut next_avail = q.next_avail();
             let mut next_used = q.next_used();
             worker.event_idx = self.event_idx.load(Ordering::Relaxed);

@@ -260,6 +260,20 @@ impl QueueWorker {
         self.polling = polling;
     }
 
+    /// Turns the driver's notifications back on without processing
+    /// anything (`used.flags` 0, `avail_event` at the current avail index):
+    /// for a ring the frontend disabled while this worker polled it with
+    /// kicks suppressed, so that the driver kicks again for its next
+    /// request. A ring whose memory does not map is left alone.
+    pub fn enable_notifications(&mut self, mem: &GuestMemory_, addrs: RingAddrs) {
+        if let Ok(ring) = Ring::map(mem, addrs) {
+            ring.set_used_flags(0);
+            ring.set_avail_event(ring.avail_idx());
+            fence(Ordering::SeqCst);
+        }
+        self.polling = false;
+    }
+
     /// Forgets a stopped ring (the frontend stopped the ring with
     /// GET_VRING_BASE; it may set it up again at the same addresses).
     pub fn reset(&mut self) {

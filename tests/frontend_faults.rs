@@ -2206,3 +2206,53 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
     daemon.assert_alive("GET_VRING_BASE under a busy ring");
     assert_nist(&daemon.sock, "GET_VRING_BASE under a busy ring");
 }
+
+/// SET_VRING_ENABLE(0, 0) while the guest keeps ring 0 busy: acked, and
+/// from then on the ring is not served, with the driver's kicks turned
+/// back on in guest memory (the worker had them off while polling); once
+/// enabled again (the guest still kicking), it is served again.
+#[test]
+fn a_ring_disabled_while_busy_stops_and_comes_back() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (guest, used_idx) = busy_guest(&mem, &kick, sid, &stop);
+    let used_flags = |m: &File| {
+        let mut b = [0u8; 2];
+        m.read_exact_at(&mut b, 0x82000).unwrap();
+        u16::from_le_bytes(b)
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    c.send(SET_VRING_ENABLE, V1 | NEED_REPLY, &vring_state(0, 0), &[])
+        .unwrap();
+    assert_eq!(c.reply_u64(SET_VRING_ENABLE), 0, "SET_VRING_ENABLE(0, 0) ack");
+    // The batch running when the message came may still complete.
+    std::thread::sleep(Duration::from_millis(50));
+    let u1 = used_idx(&mem);
+    std::thread::sleep(Duration::from_millis(100));
+    let (u2, flags) = (used_idx(&mem), used_flags(&mem));
+    c.send(SET_VRING_ENABLE, V1 | NEED_REPLY, &vring_state(0, 1), &[])
+        .unwrap();
+    assert_eq!(c.reply_u64(SET_VRING_ENABLE), 0, "SET_VRING_ENABLE(0, 1) ack");
+    std::thread::sleep(Duration::from_millis(100));
+    let u3 = used_idx(&mem);
+    stop.store(true, Ordering::Relaxed);
+    guest.join().unwrap();
+    eprintln!("used.idx {u1} after the disable, {u2} 100 ms later (flags {flags:#x}), {u3} after the enable");
+    assert!(u1 > 0, "the busy guest's requests were served");
+    assert_eq!(u2, u1, "a disabled ring is still served");
+    assert_eq!(flags, 0, "kicks left suppressed on a disabled ring");
+    assert!(u3 != u2, "the ring is not served again once enabled");
+    drop(c);
+    daemon.assert_alive("ring disabled and enabled under a busy guest");
+    assert_nist(&daemon.sock, "ring disabled and enabled under a busy guest");
+}
