@@ -773,8 +773,10 @@ pub fn prepare<'s>(
 /// Lanes whose buffers overlap one another where one of them writes (a
 /// guest that gives two requests of a batch the same or overlapping
 /// bytes) are not run side by side: their slices would alias. They run one
-/// at a time in order instead, each status written after its request, so
-/// the guest sees what a serial device would give it.
+/// at a time in avail order instead, each status written after its
+/// request. (Only among the lanes: a request of the batch completed on its
+/// own in [`prepare`], such as a decrypt, runs when it is reached, before
+/// earlier lanes are flushed.)
 pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
     let Some(key) = lanes.iter().flatten().next().map(|l| l.key) else {
         return;
@@ -813,7 +815,7 @@ pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
 
 /// The multi-buffer lane of one request: its dst, and its src unless the
 /// request is in place.
-fn lane<'a>(l: &LaneReq<'_>) -> Lane<'a> {
+fn lane<'a>(l: &'a LaneReq<'_>) -> Lane<'a> {
     let buf = if std::ptr::eq(l.src, l.dst) {
         // SAFETY: dst is mapped for len bytes of device-writable guest
         // memory that the batch's memory guard keeps mapped, and no other

@@ -21,6 +21,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use algorithms::{AesCbcKey, Direction, MacAlg, MacKey};
@@ -150,7 +151,7 @@ impl SessionRegistry {
         self.live.insert(id);
         let session = Session { direction, key, mac };
         for t in &self.tables {
-            t.lock().map.insert(id, Box::new(session.clone()));
+            t.lock().map.insert(id, SessionBox::new(session.clone()));
         }
         debug!(
             "session {id} created ({direction:?}, {} bits, mac {:?})",
@@ -167,8 +168,8 @@ impl SessionRegistry {
             return false;
         }
         for t in &self.tables {
-            // Dropping the session zeroizes its key schedule where it lies
-            // (in its box: the table itself only ever held the pointer).
+            // Dropping the session zeroizes its whole box, key schedule
+            // included (the table itself only ever held the pointer).
             drop(t.lock().map.remove(&id));
         }
         debug!("session {id} closed");
@@ -253,14 +254,56 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<SessionIdHasher>>;
 /// The sessions one queue can use, as the data path sees them while its
 /// table is locked.
 ///
-/// Each session is boxed: removing an entry from a hash table moves the
-/// value out of its bucket (a bitwise copy) and growing the table moves
-/// every value to a new allocation, and neither zeroizes the bytes left
-/// behind. A box stays where it is, so the key schedule is zeroized in
-/// place when the session is dropped, and only the pointer is ever copied.
+/// Each session is boxed ([`SessionBox`]): removing an entry from a hash
+/// table moves the value out of its bucket (a bitwise copy) and growing the
+/// table moves every value to a new allocation, and neither zeroizes the
+/// bytes left behind. A box stays where it is and is zeroized whole when
+/// the session is dropped; only the pointer is ever copied.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    map: IdMap<Box<Session>>,
+    map: IdMap<SessionBox>,
+}
+
+/// A session on the heap whose whole allocation is zeroized when it is
+/// dropped, after the session itself. Dropping the session zeroizes the
+/// key schedule in use, but the box may also hold bytes the value never
+/// initialised, copied in from the stack temporary it was moved from:
+/// the unused part of the `aes` crate's key-schedule union (software and
+/// AES-NI schedules share it) and padding. In unoptimised builds those
+/// held key-expansion temporaries (`tests/key_zeroize.rs`).
+struct SessionBox(Box<MaybeUninit<Session>>);
+
+impl SessionBox {
+    fn new(session: Session) -> Self {
+        let mut b = Box::new(MaybeUninit::<Session>::zeroed());
+        b.write(session);
+        SessionBox(b)
+    }
+}
+
+impl std::ops::Deref for SessionBox {
+    type Target = Session;
+
+    fn deref(&self) -> &Session {
+        // SAFETY: written in `new` and dropped only in `drop`.
+        unsafe { self.0.assume_init_ref() }
+    }
+}
+
+impl Drop for SessionBox {
+    fn drop(&mut self) {
+        // SAFETY: written in `new`, dropped here once; never read after.
+        unsafe { self.0.assume_init_drop() };
+        // SAFETY: the box's memory is ours for size_of::<Session>() bytes,
+        // holds no value any more, and zeroes are a valid MaybeUninit.
+        unsafe { zeroize::zeroize_flat_type(&mut *self.0 as *mut MaybeUninit<Session>) };
+    }
+}
+
+impl std::fmt::Debug for SessionBox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        Session::fmt(self, f)
+    }
 }
 
 impl Sessions {

@@ -1407,9 +1407,8 @@ fn ring_in_a_region_with_an_odd_guest_start() {
 /// or a guest probing the device): B reads A's dst as its src, and C
 /// writes A's dst again. Encrypt requests under one key normally run side
 /// by side as multi-buffer lanes; these must not (two lanes' slices would
-/// alias), and they run one after another in avail order instead, the
-/// result any serial device would give: B encrypts A's output, and A's dst
-/// ends up holding C's output. Nothing outside the three requests'
+/// alias), and they run one after another in avail order instead: B
+/// encrypts A's output, and A's dst ends up holding C's output. Nothing outside the three requests'
 /// writable buffers changes.
 #[test]
 fn overlapping_requests_of_one_batch_run_one_after_another() {

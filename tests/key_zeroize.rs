@@ -33,8 +33,10 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 const KEY128: [u8; 16] = *b"\xc3\x5a\x11\x99zeroize-m\x7e\x42\x24";
 const KEY256: [u8; 32] = *b"\x9d\x01\xe4\x77another-key-to-zeroize!!\x13\x37\xa5\x5a";
 
-/// Tracked blocks: (address, size), address 0 = free entry.
-const SLOTS: usize = 1 << 15;
+/// Tracked blocks: (address, size), an open-addressing table keyed by
+/// address; address 0 = never used, `GONE` = freed.
+const SLOTS: usize = 1 << 16;
+const GONE: usize = usize::MAX;
 static BLOCKS: [(AtomicUsize, AtomicUsize); SLOTS] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; SLOTS];
 /// Blocks that still held a key when they were freed.
@@ -53,29 +55,39 @@ fn tracking() -> bool {
 
 /// Whether `len` bytes at `p` contain either key.
 ///
+/// The bytes are looked at as the memory holds them, including ones the
+/// program never initialised as far as Rust is concerned (padding, the
+/// unused part of a union, a vector's spare room, what a reused block held
+/// before): key bytes there are just what this test is after. (Reading
+/// them as `u8` is outside Rust's rules for uninitialised memory; it is
+/// confined to this test.)
+///
 /// # Safety
-/// `p` must point to `len` readable bytes.
+/// `p` must point to `len` allocated bytes.
 unsafe fn holds_key(p: *const u8, len: usize) -> bool {
     // SAFETY: the caller's contract.
     let b = unsafe { std::slice::from_raw_parts(p, len) };
     b.windows(16).any(|w| w == KEY128) || b.windows(16).any(|w| w == &KEY256[..16] || w == &KEY256[16..])
 }
 
-/// Where the search for a free entry starts (entries are taken in turn).
-static CURSOR: AtomicUsize = AtomicUsize::new(0);
+/// Where the probe for address `p` starts.
+fn home(p: usize) -> usize {
+    ((p >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) % SLOTS
+}
 
 fn track(p: *mut u8, size: usize) {
     if p.is_null() || !tracking() {
         return;
     }
-    let start = CURSOR.load(Ordering::Relaxed);
-    for i in (start..SLOTS).chain(0..start) {
+    let h = home(p as usize);
+    for i in (h..SLOTS).chain(0..h) {
         let (a, s) = &BLOCKS[i];
-        if a.compare_exchange(0, p as usize, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+        let cur = a.load(Ordering::Relaxed);
+        if (cur == 0 || cur == GONE)
+            && a.compare_exchange(cur, p as usize, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
         {
             s.store(size, Ordering::Relaxed);
-            CURSOR.store((i + 1) % SLOTS, Ordering::Relaxed);
             return;
         }
     }
@@ -85,15 +97,21 @@ fn track(p: *mut u8, size: usize) {
 /// Forgets block `p` (any thread may free it); counts it if it still
 /// holds a key.
 fn untrack(p: *mut u8) {
-    for (a, s) in &BLOCKS {
-        if a.load(Ordering::Relaxed) == p as usize {
-            // SAFETY: a tracked block, not freed yet (this is its dealloc),
-            // of the recorded size.
-            if unsafe { holds_key(p, s.load(Ordering::Relaxed)) } {
-                FREED_WITH_KEY.fetch_add(1, Ordering::Relaxed);
+    let h = home(p as usize);
+    for i in (h..SLOTS).chain(0..h) {
+        let (a, s) = &BLOCKS[i];
+        match a.load(Ordering::Relaxed) {
+            0 => return,
+            cur if cur == p as usize => {
+                // SAFETY: a tracked block, not freed yet (this is its
+                // dealloc), of the recorded size.
+                if unsafe { holds_key(p, s.load(Ordering::Relaxed)) } {
+                    FREED_WITH_KEY.fetch_add(1, Ordering::Relaxed);
+                }
+                a.store(GONE, Ordering::Relaxed);
+                return;
             }
-            a.store(0, Ordering::Relaxed);
-            return;
+            _ => {}
         }
     }
 }
@@ -104,9 +122,9 @@ fn live_blocks_with_key() -> usize {
         .iter()
         .filter(|(a, s)| {
             let p = a.load(Ordering::Relaxed);
-            // SAFETY: a tracked block is in use until its dealloc clears
+            // SAFETY: a tracked block is in use until its dealloc marks
             // the entry; nothing frees memory concurrently in this test.
-            p != 0 && unsafe { holds_key(p as *const u8, s.load(Ordering::Relaxed)) }
+            p != 0 && p != GONE && unsafe { holds_key(p as *const u8, s.load(Ordering::Relaxed)) }
         })
         .count()
 }
@@ -180,11 +198,11 @@ fn closed_sessions_leave_no_key_on_the_heap() {
         k[..8].copy_from_slice(&(i as u64).to_le_bytes());
         assert!(reg.create(&SymSessionInfo::aes_cbc(&k, 1)) > 0);
     }
-    // Precondition: the key schedules are found while the sessions live
-    // (one copy per queue table, each with both keys' schedules).
+    // Precondition: each queue table's box of each of the two sessions
+    // holds its key (two tables, two sessions).
     let live = live_blocks_with_key();
     assert!(
-        live >= 2,
+        live >= 4,
         "the live sessions' keys are not where the test looks ({live} blocks)"
     );
     assert_eq!(UNTRACKED.load(Ordering::Relaxed), 0, "tracking table too small");
