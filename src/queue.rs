@@ -205,6 +205,16 @@ impl Ring {
         unsafe { AtomicU16::from_ptr(self.used.add(4 + 8 * usize::from(self.size)) as *mut u16) }
             .store(idx.to_le(), Ordering::Release);
     }
+
+    /// Asks the driver to kick for its next request after avail index
+    /// `avail` (both kinds of driver: the flag and avail_event), and makes
+    /// that visible before the caller reads the avail index again (the
+    /// driver/device race of VIRTIO 1.2 §2.7.10).
+    fn enable_kicks(&self, avail: u16) {
+        self.set_used_flags(0);
+        self.set_avail_event(avail);
+        fence(Ordering::SeqCst);
+    }
 }
 
 /// Encrypts the waiting lanes and records their used lengths; returns
@@ -267,9 +277,7 @@ impl QueueWorker {
     /// request. A ring whose memory does not map is left alone.
     pub fn enable_notifications(&mut self, mem: &GuestMemory_, addrs: RingAddrs) {
         if let Ok(ring) = Ring::map(mem, addrs) {
-            ring.set_used_flags(0);
-            ring.set_avail_event(ring.avail_idx());
-            fence(Ordering::SeqCst);
+            ring.enable_kicks(ring.avail_idx());
         }
         self.polling = false;
     }
@@ -327,9 +335,7 @@ impl QueueWorker {
             if avail == *next_avail {
                 // Nothing new: no session lock, no batch.
                 if !self.polling {
-                    ring.set_used_flags(0);
-                    ring.set_avail_event(avail);
-                    fence(Ordering::SeqCst);
+                    ring.enable_kicks(avail);
                     if ring.avail_idx() != avail {
                         continue;
                     }
