@@ -831,6 +831,36 @@ mod tests {
         assert_eq!(&reply[1064..1072], &(-3i64).to_le_bytes());
     }
 
+    /// GET_FEATURES (forwarded, answered by the library with our
+    /// features) and SET_PROTOCOL_FEATURES(CRYPTO_SESSION | REPLY_ACK)
+    /// (forwarded, no reply): REPLY_ACK is then in force.
+    fn negotiate_reply_ack(r: &Rig) {
+        r.front.send_with_fds(&[&msg(1, 1, &[])[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(1));
+        r.lib
+            .send_with_fds(&[&msg(1, 5, &crate::backend::FEATURES.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(1));
+        let pf: u64 = (1 << 7) | VHOST_USER_PROTOCOL_F_REPLY_ACK;
+        r.front
+            .send_with_fds(&[&msg(16, 1, &pf.to_le_bytes())[..]], &[])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(16));
+    }
+
+    /// A 632-byte CREATE payload that detection reads as layout B
+    /// (`SessionAbi::detect`): cipher_alg 3 (AES-CBC) at 8, key_len 16 at
+    /// 12, op_type 1 (CIPHER) at 32, direction 1 (encrypt) at 33, a key of
+    /// zeroes; its reply carries the id at offset 0.
+    fn layout_b_create() -> Vec<u8> {
+        let mut create = vec![0u8; 632];
+        create[8] = 3;
+        create[12] = 16;
+        create[32] = 1;
+        create[33] = 1;
+        create
+    }
+
     /// A NEED_REPLY message sent after SET_PROTOCOL_FEATURES(REPLY_ACK) but
     /// before SET_FEATURES (SET_OWNER here) is acked by the library; a
     /// CREATE right behind it must wait for that ack, however late the
@@ -839,25 +869,9 @@ mod tests {
     fn create_waits_for_the_ack_of_a_need_reply_before_set_features() {
         let r = rig(AbiChoice::Auto);
         let ack = |req: u32| msg(req, 5, &0u64.to_le_bytes());
-        // GET_FEATURES: forwarded, answered by the library.
-        r.front.send_with_fds(&[&msg(1, 1, &[])[..]], &[]).unwrap();
-        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(1));
-        r.lib
-            .send_with_fds(&[&msg(1, 5, &crate::backend::FEATURES.to_le_bytes())[..]], &[])
-            .unwrap();
-        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(1));
-        // SET_PROTOCOL_FEATURES(CRYPTO_SESSION | REPLY_ACK), no reply.
-        let pf: u64 = (1 << 7) | VHOST_USER_PROTOCOL_F_REPLY_ACK;
-        r.front
-            .send_with_fds(&[&msg(16, 1, &pf.to_le_bytes())[..]], &[])
-            .unwrap();
-        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(16));
+        negotiate_reply_ack(&r);
         // SET_OWNER with NEED_REPLY, then at once a CREATE.
-        let mut create = vec![0u8; 632];
-        create[8] = 3;
-        create[12] = 16;
-        create[32] = 1;
-        create[33] = 1;
+        let create = layout_b_create();
         r.front
             .send_with_fds(
                 &[&[msg(3, 1 | VHOST_USER_NEED_REPLY_MASK, &[]), msg(26, 1, &create)].concat()[..]],
@@ -886,24 +900,11 @@ mod tests {
             )
             .unwrap();
         assert_eq!(read_msg(&r.front), None, "a reply without REPLY_ACK");
-        r.front.send_with_fds(&[&msg(1, 1, &[])[..]], &[]).unwrap();
-        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(1));
-        r.lib
-            .send_with_fds(&[&msg(1, 5, &crate::backend::FEATURES.to_le_bytes())[..]], &[])
-            .unwrap();
-        assert_eq!(read_msg(&r.front).map(|m| m.0), Some(1));
-        let pf: u64 = (1 << 7) | VHOST_USER_PROTOCOL_F_REPLY_ACK;
+        negotiate_reply_ack(&r);
+        // A session to close.
         r.front
-            .send_with_fds(&[&msg(16, 1, &pf.to_le_bytes())[..]], &[])
+            .send_with_fds(&[&msg(26, 1, &layout_b_create())[..]], &[])
             .unwrap();
-        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(16));
-        // A session to close (layout A, AES-128 encrypt; id at offset 0).
-        let mut create = vec![0u8; 632];
-        create[8] = 3;
-        create[12] = 16;
-        create[32] = 1;
-        create[33] = 1;
-        r.front.send_with_fds(&[&msg(26, 1, &create)[..]], &[]).unwrap();
         let (_, _, reply, _) = read_msg(&r.front).unwrap();
         assert_eq!(&reply[..8], &1i64.to_le_bytes());
         let close = |id: u64, flags: u32| {
