@@ -1856,14 +1856,7 @@ fn raw_nist_request(mem: &File, kick: &EventFd, call: &EventFd, sid: u64, n: u16
         (dst_at, 64, VRING_DESC_F_WRITE),
         (status_at, 1, VRING_DESC_F_WRITE),
     ];
-    for (k, &(addr, len, flags)) in chain.iter().enumerate() {
-        let last = k + 1 == chain.len();
-        let mut d = addr.to_le_bytes().to_vec();
-        d.extend_from_slice(&len.to_le_bytes());
-        d.extend_from_slice(&(flags | if last { 0 } else { VRING_DESC_F_NEXT }).to_le_bytes());
-        d.extend_from_slice(&(if last { 0u16 } else { k as u16 + 1 }).to_le_bytes());
-        mem.write_all_at(&d, desc + 16 * k as u64).unwrap();
-    }
+    write_chain(mem, desc, &chain);
     // avail.ring[n - 1] = head 0, then avail.idx = n.
     mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * u64::from(n - 1))
         .unwrap();
@@ -2053,40 +2046,12 @@ fn unsealable_guest_memory_and_require_sealed_memory() {
     assert_nist(&lenient.sock, "unsealable guest memory accepted with a warning");
 }
 
-/// A guest that keeps data ring 0 (set up by [`raw_ring`], one session
-/// `sid`) busy on its own, as another vCPU would: every avail entry names
-/// head 0, a 64 KiB encryption (header 0x10000, src 0x20000, dst 0x40000,
-/// status 0x14000), and a thread keeps the avail index 256 ahead of the
-/// used index, kicking after each move, until `stop` is set. Returns the
-/// thread and a reader of the used index.
-fn busy_guest(
-    mem: &File,
-    kick: &EventFd,
-    sid: u64,
-    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> (std::thread::JoinHandle<()>, impl Fn(&File) -> u16) {
+/// Writes `chain` (address, length, flags of each buffer) as a direct
+/// chain from descriptor 0 of the table at guest address `desc`, laid out
+/// by hand (VIRTIO 1.2 §2.7.5: addr u64, len u32, flags u16, next u16),
+/// with NEXT and `next` added on all but the last.
+fn write_chain(mem: &File, desc: u64, chain: &[(u64, u32, u16)]) {
     use std::os::unix::fs::FileExt;
-    use std::sync::atomic::Ordering;
-    let (hdr_at, src_at, dst_at, status_at, len) =
-        (0x10000u64, 0x20000u64, 0x40000u64, 0x14000u64, 0x10000u32);
-    let (desc, avail, used) = (0x80000u64, 0x81000u64, 0x82000u64);
-    let h = OpDataReq {
-        opcode: ENCRYPT,
-        algo: 0,
-        session_id: sid,
-        op_type: 1,
-        iv_len: 16,
-        src_data_len: len,
-        dst_data_len: len,
-    };
-    mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
-    let chain = [
-        (hdr_at, 72u32, 0u16),
-        (0x11000, 16, 0),
-        (src_at, len, 0),
-        (dst_at, len, VRING_DESC_F_WRITE),
-        (status_at, 1, VRING_DESC_F_WRITE),
-    ];
     for (k, &(addr, len, flags)) in chain.iter().enumerate() {
         let last = k + 1 == chain.len();
         let mut d = addr.to_le_bytes().to_vec();
@@ -2095,32 +2060,128 @@ fn busy_guest(
         d.extend_from_slice(&(if last { 0u16 } else { k as u16 + 1 }).to_le_bytes());
         mem.write_all_at(&d, desc + 16 * k as u64).unwrap();
     }
-    for slot in 0..256u64 {
-        mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * slot)
+}
+
+/// A u16 of data ring 0's used ring (set up by [`raw_ring`] at 0x82000):
+/// `used.flags` at 0, `used.idx` at 2.
+fn ring0_used_u16(mem: &File, at: u64) -> u16 {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 2];
+    mem.read_exact_at(&mut b, 0x82000 + at).unwrap();
+    u16::from_le_bytes(b)
+}
+
+/// A daemon, a negotiated connection with data ring 0 set up
+/// ([`raw_ring`]) and one AES-128 encrypt session, and a guest that keeps
+/// the ring busy on its own, as another vCPU would: every avail entry
+/// names head 0, a 64 KiB encryption (header 0x10000, src 0x20000, dst
+/// 0x40000, status 0x14000), and a thread keeps the avail index 256 ahead
+/// of the used index, kicking after each move, until
+/// [`BusyRing::stop_guest`]. Started 100 ms before it is returned.
+struct BusyRing {
+    daemon: Daemon,
+    /// The connection (taken by a test that drops it).
+    conn: Option<Conn>,
+    mem: File,
+    _kick: EventFd,
+    _call: EventFd,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    guest: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BusyRing {
+    fn start() -> BusyRing {
+        use std::os::unix::fs::FileExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let daemon = Daemon::spawn(&[]);
+        let c = Conn::negotiated(&daemon.sock);
+        let mem = sealable_memfd(MEM_SIZE);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &mem, &kick, &call);
+        c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
             .unwrap();
-    }
-    let used_idx = move |m: &File| {
-        let mut b = [0u8; 2];
-        m.read_exact_at(&mut b, used + 2).unwrap();
-        u16::from_le_bytes(b)
-    };
-    let mut a = used_idx(mem);
-    let (m, stop, kick) = (mem.try_clone().unwrap(), stop.clone(), kick.try_clone().unwrap());
-    let guest = std::thread::spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            // Never more than the ring's 256 entries ahead, never backwards.
-            let want = used_idx(&m).wrapping_add(256);
-            if want.wrapping_sub(a) as i16 > 0 {
-                a = want;
-                m.write_all_at(&a.to_le_bytes(), avail + 2).unwrap();
-                // (Once the daemon has let go of the ring nobody reads
-                // this eventfd: it may fill up, which only fails the write.)
-                let _ = kick.write(1);
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
+        let (hdr_at, src_at, dst_at, status_at, len) =
+            (0x10000u64, 0x20000u64, 0x40000u64, 0x14000u64, 0x10000u32);
+        let h = OpDataReq {
+            opcode: ENCRYPT,
+            algo: 0,
+            session_id: sid,
+            op_type: 1,
+            iv_len: 16,
+            src_data_len: len,
+            dst_data_len: len,
+        };
+        mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
+        write_chain(
+            &mem,
+            0x80000,
+            &[
+                (hdr_at, 72, 0),
+                (0x11000, 16, 0),
+                (src_at, len, 0),
+                (dst_at, len, VRING_DESC_F_WRITE),
+                (status_at, 1, VRING_DESC_F_WRITE),
+            ],
+        );
+        let avail = 0x81000u64;
+        for slot in 0..256u64 {
+            mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * slot)
+                .unwrap();
         }
-    });
-    (guest, used_idx)
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let mut a = ring0_used_u16(&mem, 2);
+        let (m, s, k) = (mem.try_clone().unwrap(), stop.clone(), kick.try_clone().unwrap());
+        let guest = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                // Never more than the ring's 256 entries ahead, never backwards.
+                let want = ring0_used_u16(&m, 2).wrapping_add(256);
+                if want.wrapping_sub(a) as i16 > 0 {
+                    a = want;
+                    m.write_all_at(&a.to_le_bytes(), avail + 2).unwrap();
+                    // (Once the daemon has let go of the ring nobody reads
+                    // this eventfd: it may fill up, which only fails the write.)
+                    let _ = k.write(1);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        BusyRing {
+            daemon,
+            conn: Some(c),
+            mem,
+            _kick: kick,
+            _call: call,
+            stop,
+            guest: Some(guest),
+        }
+    }
+
+    fn conn(&self) -> &Conn {
+        self.conn.as_ref().expect("connection still open")
+    }
+
+    fn used_idx(&self) -> u16 {
+        ring0_used_u16(&self.mem, 2)
+    }
+
+    fn stop_guest(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(g) = self.guest.take() {
+            g.join().unwrap();
+        }
+    }
+
+    /// Stops the guest, closes the connection, and checks that the daemon
+    /// is alive and serves a new frontend.
+    fn finish(mut self, what: &str) {
+        self.stop_guest();
+        drop(self.conn.take());
+        self.daemon.assert_alive(what);
+        assert_nist(&self.daemon.sock, what);
+    }
 }
 
 /// The frontend disconnects while its guest keeps ring 0 busy (QEMU gone,
@@ -2130,31 +2191,18 @@ fn busy_guest(
 /// its avail index.
 #[test]
 fn busy_ring_after_disconnect_does_not_hold_up_the_next_frontend() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
-        .unwrap();
-    let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let (guest, used_idx) = busy_guest(&mem, &kick, sid, &stop);
-    std::thread::sleep(Duration::from_millis(100));
-    let u0 = used_idx(&mem);
+    let mut r = BusyRing::start();
+    let u0 = r.used_idx();
     assert!(u0 > 0, "the busy guest's requests are served");
-    drop(c);
+    drop(r.conn.take());
     std::thread::sleep(Duration::from_millis(200));
-    let u1 = used_idx(&mem);
-    let next = Conn::open(&daemon.sock);
+    let u1 = r.used_idx();
+    let next = Conn::open(&r.daemon.sock);
     next.send(GET_FEATURES, V1, &[], &[]).unwrap();
     let got = next.recv();
     std::thread::sleep(Duration::from_millis(100));
-    let u2 = used_idx(&mem);
-    stop.store(true, Ordering::Relaxed);
-    guest.join().unwrap();
+    let u2 = r.used_idx();
+    r.stop_guest();
     eprintln!("used.idx {u0} while connected, {u1} 200 ms after the disconnect, {u2} later");
     assert!(
         matches!(got, Got::Msg(GET_FEATURES, _, _)),
@@ -2162,8 +2210,7 @@ fn busy_ring_after_disconnect_does_not_hold_up_the_next_frontend() {
     );
     assert_eq!(u2, u1, "the ring is still served after its frontend left");
     drop(next);
-    daemon.assert_alive("busy ring after disconnect");
-    assert_nist(&daemon.sock, "busy ring after disconnect");
+    r.finish("busy ring after disconnect");
 }
 
 /// GET_VRING_BASE while the guest keeps ring 0 busy: the reply comes
@@ -2171,26 +2218,15 @@ fn busy_ring_after_disconnect_does_not_hold_up_the_next_frontend() {
 /// back the ring is no longer served.
 #[test]
 fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+    let mut r = BusyRing::start();
+    r.conn()
+        .send(GET_VRING_BASE, V1, &vring_state(0, 0), &[])
         .unwrap();
-    let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let (guest, used_idx) = busy_guest(&mem, &kick, sid, &stop);
+    let got = r.conn().recv();
+    let u1 = r.used_idx();
     std::thread::sleep(Duration::from_millis(100));
-    c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
-    let got = c.recv();
-    let u1 = used_idx(&mem);
-    std::thread::sleep(Duration::from_millis(100));
-    let u2 = used_idx(&mem);
-    stop.store(true, Ordering::Relaxed);
-    guest.join().unwrap();
+    let u2 = r.used_idx();
+    r.stop_guest();
     let Got::Msg(GET_VRING_BASE, _, p) = got else {
         panic!("GET_VRING_BASE not answered while the guest keeps the ring busy: {got:?}");
     };
@@ -2202,9 +2238,7 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
         "the base is where the used ring stopped"
     );
     assert_eq!(u2, u1, "the ring is still served after GET_VRING_BASE");
-    drop(c);
-    daemon.assert_alive("GET_VRING_BASE under a busy ring");
-    assert_nist(&daemon.sock, "GET_VRING_BASE under a busy ring");
+    r.finish("GET_VRING_BASE under a busy ring");
 }
 
 /// SET_VRING_ENABLE(0, 0) while the guest keeps ring 0 busy: acked, and
@@ -2213,46 +2247,26 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
 /// enabled again (the guest still kicking), it is served again.
 #[test]
 fn a_ring_disabled_while_busy_stops_and_comes_back() {
-    use std::os::unix::fs::FileExt;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
-        .unwrap();
-    let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let (guest, used_idx) = busy_guest(&mem, &kick, sid, &stop);
-    let used_flags = |m: &File| {
-        let mut b = [0u8; 2];
-        m.read_exact_at(&mut b, 0x82000).unwrap();
-        u16::from_le_bytes(b)
-    };
-    std::thread::sleep(Duration::from_millis(100));
+    let mut r = BusyRing::start();
+    let c = r.conn();
     c.send(SET_VRING_ENABLE, V1 | NEED_REPLY, &vring_state(0, 0), &[])
         .unwrap();
     assert_eq!(c.reply_u64(SET_VRING_ENABLE), 0, "SET_VRING_ENABLE(0, 0) ack");
     // The batch running when the message came may still complete.
     std::thread::sleep(Duration::from_millis(50));
-    let u1 = used_idx(&mem);
+    let u1 = r.used_idx();
     std::thread::sleep(Duration::from_millis(100));
-    let (u2, flags) = (used_idx(&mem), used_flags(&mem));
+    let (u2, flags) = (r.used_idx(), ring0_used_u16(&r.mem, 0));
     c.send(SET_VRING_ENABLE, V1 | NEED_REPLY, &vring_state(0, 1), &[])
         .unwrap();
     assert_eq!(c.reply_u64(SET_VRING_ENABLE), 0, "SET_VRING_ENABLE(0, 1) ack");
     std::thread::sleep(Duration::from_millis(100));
-    let u3 = used_idx(&mem);
-    stop.store(true, Ordering::Relaxed);
-    guest.join().unwrap();
+    let u3 = r.used_idx();
+    r.stop_guest();
     eprintln!("used.idx {u1} after the disable, {u2} 100 ms later (flags {flags:#x}), {u3} after the enable");
     assert!(u1 > 0, "the busy guest's requests were served");
     assert_eq!(u2, u1, "a disabled ring is still served");
     assert_eq!(flags, 0, "kicks left suppressed on a disabled ring");
     assert!(u3 != u2, "the ring is not served again once enabled");
-    drop(c);
-    daemon.assert_alive("ring disabled and enabled under a busy guest");
-    assert_nist(&daemon.sock, "ring disabled and enabled under a busy guest");
+    r.finish("ring disabled and enabled under a busy guest");
 }
