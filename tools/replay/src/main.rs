@@ -106,8 +106,10 @@ struct BackendArgs {
     /// Start the daemon on a private socket for this run, and stop it after.
     #[arg(long)]
     spawn_daemon: bool,
-    /// Daemon binary for --spawn-daemon (default: vhost-user-crypto next to this binary).
-    #[arg(long)]
+    /// Daemon binary for --spawn-daemon (default: vhost-user-crypto next to
+    /// this binary). Only with --spawn-daemon: with --socket it would be
+    /// silently unused.
+    #[arg(long, conflicts_with = "socket")]
     daemon_bin: Option<PathBuf>,
     /// Session payload layout.
     #[arg(long, value_enum, default_value_t = AbiArg::C)]
@@ -426,6 +428,12 @@ mod tests {
                 .kind(),
             ErrorKind::ArgumentConflict
         );
+        // --daemon-bin names the binary --spawn-daemon starts; with --socket
+        // nothing would start it.
+        assert!(parse(&["--spawn-daemon", "--daemon-bin", "d", "t.jsonl"]).is_ok());
+        let e = parse(&["--socket", "s", "--daemon-bin", "d", "t.jsonl"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+        assert!(e.to_string().contains("--daemon-bin"), "{e}");
     }
 
     #[test]
