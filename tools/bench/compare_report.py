@@ -130,6 +130,10 @@ def main():
                 mm = t[f"{k}_runs_min_max"]
                 if mm:
                     lines.append(f"  {k:>4} {t['size']:>5} B depth {t['depth']:>3}: {fmt_ops(mm[0])} .. {fmt_ops(mm[1])} ops/s")
+    placement = placement_summary(rows, meta)
+    if placement:
+        lines.append("")
+        lines.extend(placement)
     for r in failed:
         lines.append(f"FAILED: {r['system']} size {r['size']} depth {r['depth']}: {r['error']}")
     lines.append(
@@ -188,6 +192,45 @@ def main():
         f.write("\n")
     with open(os.path.join(a.out, "compare.svg"), "w") as f:
         f.write(svg(rows, sizes, depths, meta, get))
+
+
+def placement_of(run, far):
+    """near / far / mixed / unknown, from the cache-line round trips
+    measured before and after the run (compare.sh, vuc-xcpu-rtt)."""
+    rtt = run.get("xcpu_rtt_ns") or []
+    if len(rtt) != 2 or None in rtt:
+        return "unknown"
+    n = sum(1 for v in rtt if v < far)
+    return {2: "near", 0: "far"}.get(n, "mixed")
+
+
+def placement_summary(rows, meta):
+    """Lines on the vCPU placement the kept runs had, per backend."""
+    far = meta.get("far_rtt_ns", 200)
+    out = []
+    for system in ("ours", "dpdk", "ours-hmac", "dpdk-hmac"):
+        runs = [r for r in rows if r["system"] == system and "error" not in r and "xcpu_rtt_ns" in r]
+        if not runs:
+            continue
+        classes = {}
+        for r in runs:
+            c = placement_of(r, far)
+            classes[c] = classes.get(c, 0) + 1
+        rtts = sorted(v for r in runs for v in r["xcpu_rtt_ns"] if v is not None)
+        extra = sum(r.get("attempts", 1) - 1 for r in runs)
+        med = f"{rtts[(len(rtts) - 1) // 2]:.0f} ns" if rtts else "n/a"
+        out.append(
+            f"  {system:>9}: {len(runs)} runs kept, "
+            + ", ".join(f"{n} {c}" for c, n in sorted(classes.items()))
+            + f"; round trip median {med}; {extra} runs made again"
+        )
+    if out:
+        out.insert(
+            0,
+            f"vCPU placement (cache-line round trip CPU 0 <-> CPU 1 before/after each run, far >= {far} ns;"
+            f" --placement {meta.get('placement', 'n/a')}):",
+        )
+    return out
 
 
 def svg(rows, sizes, depths, meta, get):
