@@ -194,19 +194,22 @@ def main():
         f.write(svg(rows, sizes, depths, meta, get))
 
 
-def placement_of(run, far):
-    """near / far / mixed / unknown, from the cache-line round trips
-    measured before and after the run (compare.sh, vuc-xcpu-rtt)."""
+def placement_of(run, near_min, far):
+    """close / near / far (round trip under near_min, from near_min to
+    far, from far up) when the round trips measured before and after the
+    run (compare.sh, vuc-xcpu-rtt) agree, else mixed; unknown when not
+    measured."""
     rtt = run.get("xcpu_rtt_ns") or []
     if len(rtt) != 2 or None in rtt:
         return "unknown"
-    n = sum(1 for v in rtt if v < far)
-    return {2: "near", 0: "far"}.get(n, "mixed")
+    c = {"close" if v < near_min else "near" if v < far else "far" for v in rtt}
+    return c.pop() if len(c) == 1 else "mixed"
 
 
 def placement_summary(rows, meta):
     """Lines on the vCPU placement the kept runs had, per backend."""
     far = meta.get("far_rtt_ns", 200)
+    near_min = meta.get("near_min_rtt_ns", 0)
     out = []
     for system in ("ours", "dpdk", "ours-hmac", "dpdk-hmac"):
         runs = [r for r in rows if r["system"] == system and "error" not in r and "xcpu_rtt_ns" in r]
@@ -214,7 +217,7 @@ def placement_summary(rows, meta):
             continue
         classes = {}
         for r in runs:
-            c = placement_of(r, far)
+            c = placement_of(r, near_min, far)
             classes[c] = classes.get(c, 0) + 1
         rtts = sorted(v for r in runs for v in r["xcpu_rtt_ns"] if v is not None)
         extra = sum(r.get("attempts", 1) - 1 for r in runs)
@@ -227,7 +230,8 @@ def placement_summary(rows, meta):
     if out:
         out.insert(
             0,
-            f"vCPU placement (cache-line round trip CPU 0 <-> CPU 1 before/after each run, far >= {far} ns;"
+            f"vCPU placement (cache-line round trip CPU 0 <-> CPU 1 before/after each run;"
+            f" close < {near_min} ns <= near < {far} ns <= far;"
             f" --placement {meta.get('placement', 'n/a')}):",
         )
     return out

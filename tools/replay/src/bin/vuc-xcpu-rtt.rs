@@ -6,9 +6,9 @@
 //! `tools/bench/compare.sh` runs it before and after every replay run,
 //! with the backend stopped, to record where the host has placed the
 //! frontend's and the backend's vCPUs: on this project's 2-vCPU VM the
-//! round trip is ≈ 100 ns most of the time and ≈ 400 ns in some minutes,
-//! and every backend's throughput follows it (docs/PERFORMANCE.md, "Run-to-
-//! run spread").
+//! round trip is 80–115 ns most of the time and 380–480 ns or 20–55 ns in
+//! some seconds, and every backend's throughput follows it
+//! (docs/PERFORMANCE.md, "Run-to-run spread").
 //!
 //! Exit status 2 on bad arguments or when a thread cannot be pinned.
 
