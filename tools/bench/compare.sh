@@ -28,8 +28,8 @@
 # time a cache line takes between them moves every backend's throughput by
 # up to 2x. On this project's VM the round trip is 80-115 ns about 88 % of
 # the time ("near"), 380-480 ns about 8 % ("far") and 20-55 ns about 2 %
-# ("close"), changing every few seconds; ours and DPDK both run at about
-# 2/3 of their near speed in the other two (docs/PERFORMANCE.md). Before
+# ("close"), changing every few seconds; ours runs at about 2/3 and DPDK at
+# about 1/2 of their near speed in the far one (docs/PERFORMANCE.md). Before
 # and after each replay run the backend is stopped (SIGSTOP) for a few
 # milliseconds while target/release/vuc-xcpu-rtt measures that round trip
 # between the two CPUs; both values go into the run's record (xcpu_rtt_ns).
