@@ -27,10 +27,10 @@
 # vCPU placement: on a VM the host decides where the two vCPUs run, and the
 # time a cache line takes between them moves every backend's throughput by
 # up to 2x. On this project's VM the round trip is 80-115 ns about 88 % of
-# the time ("near"), 380-480 ns about 8 % ("far") and 20-55 ns about 2 %
+# the time ("near"), 380-480 ns about 8 % ("far") and 20-55 ns about 1 %
 # ("close"), changing every few seconds; ours runs at about 2/3 and DPDK at
 # about 1/2 of their near speed in the far one (docs/PERFORMANCE.md). Before
-# and after each replay run the backend is stopped (SIGSTOP) for a few
+# and after each replay run the backend is stopped (SIGSTOP) for 5-25
 # milliseconds while target/release/vuc-xcpu-rtt measures that round trip
 # between the two CPUs; both values go into the run's record (xcpu_rtt_ns).
 # With --placement near (the default) a run waits up to 20 s for a near
@@ -58,14 +58,16 @@ DPDK=1
 BUILD=1
 REPS=1
 PLACEMENT=near
+need_value() { [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --quick) QUICK=1 ;;
-        --out) OUT=$2; shift ;;
+        --out) need_value "$@"; OUT=$2; shift ;;
         --no-dpdk) DPDK=0 ;;
         --no-build) BUILD=0 ;;
-        --reps) REPS=$2; shift ;;
+        --reps) need_value "$@"; REPS=$2; shift ;;
         --placement)
+            need_value "$@"
             case "$2" in near|any) PLACEMENT=$2 ;; *) echo "compare.sh: --placement near|any" >&2; exit 2 ;; esac
             shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -108,9 +110,15 @@ CLK_TCK=$(getconf CLK_TCK)
 
 TMP=$(mktemp -d /tmp/vuc-compare.XXXXXX)
 DAEMON_PID=""
+DPID=""
 DPDK_STARTED=0
 cleanup() {
-    local rc=$?
+    local rc=$? p
+    # An interrupt during a probe can leave a backend stopped (SIGSTOP):
+    # let it run again, or it would never act on the signals below.
+    for p in "$DAEMON_PID" "$DPID"; do
+        if [ -n "$p" ]; then kill -CONT "$p" 2>/dev/null || true; fi
+    done
     if [ -n "$DAEMON_PID" ] && [ -d "/proc/$DAEMON_PID" ]; then
         kill "$DAEMON_PID" 2>/dev/null || true
         wait "$DAEMON_PID" 2>/dev/null || true
@@ -159,18 +167,24 @@ chain_trace_for() { # size -> path (AES-128-CBC + HMAC-SHA1-96 encrypt, in place
     fi
     echo "$f"
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# utime+stime of a process (0 once it is gone: its replay run then fails
+# and is recorded as failed, instead of set -e ending the whole comparison).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 # Cache-line round trip between the replay CPU and the backend CPU in ns,
 # with the backend stopped meanwhile (DPDK's worker lcore polls CPU 1 all
-# the time and would share it with the probe); "null" if it cannot be
-# measured.
+# the time and would share it with the probe); "null" (and a log line) if
+# it cannot be measured within 5 s.
 probe() { # backend_pid
     local v
     kill -STOP "$1" 2>/dev/null || true
-    v=$("$XCPU" "$REPLAY_CPU" "$BACKEND_CPU" 2>/dev/null) || v=null
+    v=$(timeout 5 "$XCPU" "$REPLAY_CPU" "$BACKEND_CPU" 2>"$TMP/probe.err") || v=""
     kill -CONT "$1" 2>/dev/null || true
-    echo "${v:-null}"
+    if [ -z "$v" ]; then
+        log "vCPU placement probe failed: $(head -c 200 "$TMP/probe.err")"
+        v=null
+    fi
+    echo "$v"
 }
 is_near() { [ "$1" != null ] && awk -v v="$1" -v lo="$NEAR_MIN_NS" -v f="$FAR_NS" 'BEGIN{exit !(v + 0 >= lo && v + 0 < f)}'; }
 
@@ -201,14 +215,20 @@ replay_run() {
             waited=$((waited + 1))
             before=$(probe "$pid")
         done
+        if [ "$PLACEMENT" = near ] && [ "$before" != null ] && ! is_near "$before" &&
+            [ "$attempt" -lt "$PLACEMENT_TRIES" ]; then
+            # A run now would be made again anyway.
+            log "$sys size $size depth $depth: no near vCPU placement in ${PLACEMENT_WAIT} s (round trip $before ns)"
+            continue
+        fi
         rc=0
         t0=$(cpu_ticks "$pid")
         taskset -c "$REPLAY_CPU" "$REPLAY" --socket "$sock" --json --queue-size 1024 \
             --queue-depth "$depth" --repeat "$repeat" "$@" "$trace" >"$out" 2>"$err" || rc=$?
         t1=$(cpu_ticks "$pid")
         after=$(probe "$pid")
-        if [ "$PLACEMENT" = any ] || [ "$rc" != 0 ] || [ "$before" = null ] || [ "$attempt" -ge "$PLACEMENT_TRIES" ] ||
-            { is_near "$before" && is_near "$after"; }; then
+        if [ "$PLACEMENT" = any ] || [ "$rc" != 0 ] || [ "$before" = null ] || [ "$after" = null ] ||
+            [ "$attempt" -ge "$PLACEMENT_TRIES" ] || { is_near "$before" && is_near "$after"; }; then
             break
         fi
         log "$sys size $size depth $depth: vCPU placement not near (round trip $before ns before, $after ns after the run): run again"
@@ -226,7 +246,8 @@ replay_run() {
     else
         log "$sys size $size depth $depth FAILED (exit $rc): $(head -c 300 "$err" "$out" | tr '\n' ' ')"
         jq -nc --arg sys "$sys" --argjson size "$size" --argjson depth "$depth" --argjson rep "$r" --arg e "exit $rc: $(head -c 300 "$err")" \
-            '{system:$sys,size:$size,depth:$depth,rep:$rep,error:$e}' >>"$TMP/results.jsonl"
+            --argjson before "$before" --argjson after "$after" --argjson attempts "$attempt" \
+            '{system:$sys,size:$size,depth:$depth,rep:$rep,error:$e,xcpu_rtt_ns:[$before,$after],attempts:$attempts}' >>"$TMP/results.jsonl"
     fi
 }
 
@@ -245,6 +266,10 @@ if [ "$BUILD" = 1 ]; then
     if [ "$DPDK" = 1 ]; then
         bash "$DPDK_SH" build || { log "DPDK build failed: dpdk column will be n/a"; DPDK=0; }
     fi
+fi
+if [ "$PLACEMENT" = near ] && [ ! -x "$XCPU" ]; then
+    echo "compare.sh: $XCPU is missing (cargo build --release --workspace builds it); or use --placement any" >&2
+    exit 1
 fi
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 log "load average before: $LOAD_BEFORE"
@@ -293,6 +318,7 @@ for REP in $(seq "$REPS"); do
         fi
         bash "$DPDK_SH" stop || true
         DPDK_STARTED=0
+        DPID=""
     fi
 done
 

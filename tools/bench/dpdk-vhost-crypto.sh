@@ -118,6 +118,9 @@ stop() {
     for pid in "${pids[@]}"; do
         log "stopping vhost-crypto (pid $pid)"
         kill "$pid" 2>/dev/null || true
+        # A process stopped with SIGSTOP (compare.sh's placement probe,
+        # interrupted) acts on the TERM only once it runs again.
+        kill -CONT "$pid" 2>/dev/null || true
     done
     for pid in "${pids[@]}"; do
         for _ in $(seq 100); do

@@ -23,7 +23,14 @@ fn bad_arguments_exit_2_with_the_reason() {
         (&["0", "1", "2"][..], "exactly two CPUs"),
         (&["1", "1"][..], "must differ"),
         (&["0", "x"][..], "bad CPU number x"),
-        (&["--rounds", "0", "0", "1"][..], "--rounds"),
+        (
+            &["--rounds", "0", "0", "1"][..],
+            "--rounds must be a positive integer",
+        ),
+        (
+            &["--rounds", "18446744073709551615", "0", "1"][..],
+            "--rounds is too large",
+        ),
         (&["--rounds"][..], "--rounds needs a value"),
         // No machine this runs on has CPU 100000: pinning fails (the set
         // is too small for it) and the probe must say so, not spin.
@@ -36,16 +43,40 @@ fn bad_arguments_exit_2_with_the_reason() {
     }
 }
 
-#[test]
-fn measures_a_round_trip_between_cpu_0_and_1() {
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
     // SAFETY: sched_getaffinity fills the zeroed set we pass.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: a valid cpu_set_t of the size given, for this thread.
     let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     assert_eq!(rc, 0);
+    let bits = 8 * std::mem::size_of::<libc::cpu_set_t>();
     // SAFETY: CPU numbers below the set's size in bits.
-    let allowed = unsafe { libc::CPU_ISSET(0, &set) && libc::CPU_ISSET(1, &set) };
-    if !allowed {
+    (0..bits)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+#[test]
+fn a_cpu_outside_the_affinity_mask_is_refused() {
+    // The first CPU number this process may not use (offline, or not in
+    // its mask): the kernel refuses to pin there, and the probe must say
+    // so rather than wait for a peer that never runs.
+    let allowed = allowed_cpus();
+    let cpu = (0..)
+        .find(|c| !allowed.contains(c))
+        .expect("a CPU number outside the mask");
+    let first = allowed[0].to_string();
+    let (code, out, err) = run(&[first.as_str(), &cpu.to_string()]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains(&format!("cannot run on CPU {cpu}")), "{err}");
+}
+
+#[test]
+fn measures_a_round_trip_between_cpu_0_and_1() {
+    let cpus = allowed_cpus();
+    if !(cpus.contains(&0) && cpus.contains(&1)) {
         eprintln!("skipped: CPUs 0 and 1 are not both available here");
         return;
     }

@@ -74,7 +74,9 @@ fn main() {
 
     let lines = Arc::new((Line(AtomicU64::new(0)), Line(AtomicU64::new(0))));
     let peer = lines.clone();
-    let total = rounds * BATCHES as u64;
+    let Some(total) = rounds.checked_mul(BATCHES as u64) else {
+        usage("--rounds is too large")
+    };
     // CPU B answers: it waits for ping k (odd) and answers with pong k+1.
     let (ready_tx, ready) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
