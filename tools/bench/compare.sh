@@ -187,6 +187,8 @@ probe() { # backend_pid
     echo "$v"
 }
 is_near() { [ "$1" != null ] && awk -v v="$1" -v lo="$NEAR_MIN_NS" -v f="$FAR_NS" 'BEGIN{exit !(v + 0 >= lo && v + 0 < f)}'; }
+# With --placement near: a measured round trip outside the near window.
+not_near_yet() { [ "$PLACEMENT" = near ] && [ "$1" != null ] && ! is_near "$1"; }
 
 # One replay run: system size depth sock backend_pid [extra replay args]
 # Appends one JSON object to $TMP/results.jsonl.
@@ -209,14 +211,12 @@ replay_run() {
         attempt=$((attempt + 1))
         before=$(probe "$pid")
         waited=0
-        while [ "$PLACEMENT" = near ] && [ "$before" != null ] && ! is_near "$before" &&
-            [ "$waited" -lt $((PLACEMENT_WAIT * 2)) ]; do
+        while not_near_yet "$before" && [ "$waited" -lt $((PLACEMENT_WAIT * 2)) ]; do
             sleep 0.5
             waited=$((waited + 1))
             before=$(probe "$pid")
         done
-        if [ "$PLACEMENT" = near ] && [ "$before" != null ] && ! is_near "$before" &&
-            [ "$attempt" -lt "$PLACEMENT_TRIES" ]; then
+        if not_near_yet "$before" && [ "$attempt" -lt "$PLACEMENT_TRIES" ]; then
             # A run now would be made again anyway.
             log "$sys size $size depth $depth: no near vCPU placement in ${PLACEMENT_WAIT} s (round trip $before ns)"
             continue
