@@ -142,6 +142,9 @@ impl CryptoBackend {
             .collect()
     }
 
+    /// Serves the ring until it is empty and the poll time has passed (or
+    /// it stops). Out of line: see [`crate::sessions::wipe_stack`].
+    #[inline(never)]
     fn process_vring(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
         let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) else {
             debug!("kick on queue {queue} before SET_MEM_TABLE");
@@ -317,7 +320,15 @@ impl VhostUserBackend for CryptoBackend {
         }
         // Each thread owns exactly one queue: its index is the thread index.
         match vrings.get(usize::from(device_event)) {
-            Some(vring) if thread_id < self.queues => self.process_vring(thread_id, vring),
+            Some(vring) if thread_id < self.queues => {
+                let r = self.process_vring(thread_id, vring);
+                // Back to waiting for kicks, maybe for long: no copy of a
+                // key stays on this thread's stack meanwhile, whatever
+                // CLOSE comes before the next kick (while the worker runs,
+                // `QueueWorker::process` wipes after a CLOSE).
+                crate::sessions::wipe_stack();
+                r
+            }
             _ => {
                 warn!("event {device_event} on thread {thread_id} matches no queue");
                 Ok(())

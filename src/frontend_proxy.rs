@@ -582,7 +582,20 @@ fn enable_message(index: u32) -> [u8; VHOST_USER_HDR_SIZE + 8] {
 /// reply message (zeroized when dropped, see [`create_reply`]). Never
 /// fails: a payload that matches no layout, or not the forced one, gets a
 /// negative session id in a reply of the same size.
+///
+/// The stack below the caller is wiped before returning
+/// ([`crate::sessions::wipe_stack`]): decoding the payload and expanding
+/// the keys leave copies of them there.
 pub fn handle_create(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice) -> Zeroizing<Vec<u8>> {
+    let reply = create_session(registry, payload, abi);
+    crate::sessions::wipe_stack();
+    reply
+}
+
+/// [`handle_create`] without the stack wipe, out of line so that all of
+/// its key handling runs in frames below the wiping one.
+#[inline(never)]
+fn create_session(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice) -> Zeroizing<Vec<u8>> {
     let layout = match abi {
         AbiChoice::Auto => SessionAbi::detect(payload),
         AbiChoice::Fixed(a) => Some(a),

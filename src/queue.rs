@@ -112,6 +112,9 @@ pub struct QueueWorker {
     done: Vec<(u16, u32)>,
     limits: RequestLimits,
     stopped: Option<RingAddrs>,
+    /// The session table's close count when this worker last wiped its
+    /// stack.
+    closes_seen: u64,
     /// Requests completed on this queue.
     pub completed: u64,
 }
@@ -258,6 +261,7 @@ impl QueueWorker {
             done: Vec::with_capacity(usize::from(MAX_QUEUE_SIZE)),
             limits,
             stopped: None,
+            closes_seen: 0,
             completed: 0,
         }
     }
@@ -296,7 +300,33 @@ impl QueueWorker {
     /// avail index that jumped past the queue size) is stopped: logged once,
     /// never processed again until the frontend sets it up anew (other
     /// addresses) or stops it ([`QueueWorker::reset`]).
+    ///
+    /// When a session was closed in this queue's table since the last
+    /// time, the worker's stack is wiped before returning
+    /// ([`crate::sessions::wipe_stack`]): the batches before the CLOSE may
+    /// have left copies of its key material there. (One atomic load per
+    /// call otherwise.)
     pub fn process(
+        &mut self,
+        mem: &GuestMemory_,
+        addrs: RingAddrs,
+        next_avail: &mut u16,
+        next_used: &mut u16,
+    ) -> BatchResult {
+        let r = self.process_batches(mem, addrs, next_avail, next_used);
+        let closes = self.sessions.closes();
+        if closes != self.closes_seen {
+            self.closes_seen = closes;
+            crate::sessions::wipe_stack();
+        }
+        r
+    }
+
+    /// [`QueueWorker::process`] without the stack wipe: kept out of line,
+    /// so that everything that touches keys runs in frames below the one
+    /// that wipes.
+    #[inline(never)]
+    fn process_batches(
         &mut self,
         mem: &GuestMemory_,
         addrs: RingAddrs,

@@ -14,12 +14,16 @@
 //! only accepts full-length tags, so verification computes the full tag and
 //! compares its prefix with `subtle`'s constant-time equality.
 //!
-//! Key material: `ring::hmac::Key` keeps the padded key states in memory it
-//! does not zeroize (it offers no way to), so those states live as long as
-//! the session and are freed, not wiped, when it closes. This is the one
-//! exception to the project's zeroize-on-close rule; the raw auth key bytes
-//! themselves are only ever held in zeroizing storage by the callers and
-//! are not kept here.
+//! Key material: `ring::hmac::Key` keeps the inner and outer states (after
+//! the padded key block; each as good as the key) inside its own value and
+//! has no zeroizing drop (it offers no way to wipe them), and neither do
+//! [`MacKey`] and [`MacStream`]: dropped on their own they leave the states
+//! where they were. The daemon keeps each `MacKey` in a session box that is
+//! zeroized whole when the session closes, and wipes the copies left on
+//! its threads' stacks (`src/sessions.rs`; `tests/key_residue.rs` finds
+//! neither state anywhere in the daemon's memory after CLOSE). The raw auth
+//! key bytes are only ever held in zeroizing storage by the callers and are
+//! not kept here.
 
 use std::fmt;
 
