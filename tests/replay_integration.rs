@@ -178,3 +178,106 @@ fn a_wrong_expectation_is_reported_with_its_line() {
     assert_eq!(r.first_mismatches[1].line, 3);
     assert_eq!(r.first_mismatches[1].field, "status");
 }
+
+#[test]
+fn a_backend_that_stops_completing_ends_the_run_with_a_report() {
+    use vhost_crypto_replay::gen::{generate, GenOpcode, GenOptions};
+    let daemon = spawn_daemon(&[]);
+    let mut text = Vec::new();
+    generate(
+        &GenOptions {
+            opcode: GenOpcode::Encrypt,
+            size: 64,
+            count: 20_000,
+            sessions: 1,
+            key_bits: 128,
+            seed: 1,
+        },
+        &mut text,
+    )
+    .unwrap();
+    let t = Trace::parse(&text[..]).unwrap();
+    let cfg = FrontendConfig {
+        queues: 1,
+        queue_size: 256,
+        queue_depth: 32,
+        max_payload: 64,
+        max_iv: 16,
+        memory_bytes: 0,
+        session_abi: SessionAbi::C,
+        desc_mode: DescMode::Indirect,
+        dpdk: false,
+    };
+    let mut fe = CryptoFrontend::connect(&daemon.sock, &cfg).unwrap();
+    let opts = ReplayOptions {
+        repeat: 100_000,
+        queue_depth: 32,
+        timeout: Duration::from_secs(1),
+        progress: false,
+        record: false,
+    };
+    // The daemon stops (SIGSTOP) while the requests run, and goes on after
+    // the report (so it can be killed).
+    let pid = daemon.child.id() as libc::pid_t;
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) of our child, not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    });
+    let r = replay(&mut fe, &t, &opts).unwrap();
+    stopper.join().unwrap();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let error = r.error.as_deref().unwrap_or_default();
+    // Stopped in the middle of the requests (nearly always: 20,000 of them
+    // per CREATE) or, rarely, of a CREATE.
+    assert!(
+        error == "timed out waiting for completions" && r.missing > 0
+            || error.starts_with("the backend did not answer CREATE_CRYPTO_SESSION") && r.missing == 0,
+        "error {error:?}, {} missing",
+        r.missing
+    );
+    assert!(
+        r.requests > 0 && r.requests < 20_000 * 100_000,
+        "{} requests",
+        r.requests
+    );
+    assert_eq!(r.mismatches, 1, "{:?}", r.first_mismatches);
+    assert!(r.summary().contains("STOPPED:     timed out") || r.missing == 0);
+}
+
+#[test]
+fn a_backend_that_never_answers_the_handshake_is_an_error_after_the_control_timeout() {
+    use vhost_crypto_replay::frontend::{Error, CONTROL_TIMEOUT};
+    // Accepts connections (the backlog does) and never reads or answers,
+    // like a daemon busy with another frontend.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let cfg = FrontendConfig {
+        queues: 1,
+        queue_size: 64,
+        queue_depth: 8,
+        max_payload: 64,
+        max_iv: 16,
+        memory_bytes: 0,
+        session_abi: SessionAbi::C,
+        desc_mode: DescMode::Indirect,
+        dpdk: false,
+    };
+    let t0 = std::time::Instant::now();
+    let r = CryptoFrontend::connect(&path, &cfg);
+    let took = t0.elapsed();
+    match r {
+        Err(e @ Error::NoAnswer("the vhost-user handshake")) => assert_eq!(
+            e.to_string(),
+            "the backend did not answer the vhost-user handshake within 10 s (is it serving another frontend?)"
+        ),
+        Err(e) => panic!("error {e}"),
+        Ok(_) => panic!("connected to a backend that never answers"),
+    }
+    assert!(
+        took >= CONTROL_TIMEOUT && took < CONTROL_TIMEOUT + Duration::from_secs(5),
+        "gave up after {took:?}"
+    );
+}

@@ -55,9 +55,11 @@
 //!   serves data queue 0 only (`NB_VIRTIO_QUEUES` = 1).
 
 use std::io::{self, Read, Write};
+use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -79,6 +81,10 @@ const F_INDIRECT_DESC: u64 = 1 << 28;
 const F_EVENT_IDX: u64 = 1 << 29;
 /// `VIRTQ_USED_F_NO_NOTIFY`.
 const USED_F_NO_NOTIFY: u16 = 1;
+
+/// How long the handshake, and each session or ring message after it, may
+/// wait for the backend's answer.
+pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors talking to a backend.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +113,12 @@ pub enum Error {
     /// The backend stopped answering.
     #[error("timed out waiting for completions")]
     Timeout,
+    /// The backend did not answer a vhost-user message in time.
+    #[error(
+        "the backend did not answer {0} within {secs} s (is it serving another frontend?)",
+        secs = CONTROL_TIMEOUT.as_secs()
+    )]
+    NoAnswer(&'static str),
     /// DPDK mode: the backend stopped answering.
     #[error(
         "timed out waiting for completions (DPDK 22.11 never completes a request it rejects \
@@ -726,12 +738,22 @@ impl CryptoFrontend {
     ///
     /// # Errors
     /// Negotiation failures.
+    /// [`Error::NoAnswer`] if the backend does not answer a message of
+    /// the handshake within [`CONTROL_TIMEOUT`].
     pub fn from_stream(sock: UnixStream, cfg: &FrontendConfig) -> Result<Self, Error> {
         cfg.validate()?;
-        // A backend that never answers must not hang the tool: bound every
-        // read of the handshake and of session replies.
-        sock.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        // A backend that never answers must not hang the tool: the session
+        // replies, read here, fail after the socket's read timeout; the
+        // library's requests are bounded by `bounded`.
+        sock.set_read_timeout(Some(CONTROL_TIMEOUT))?;
         let raw = sock.try_clone()?;
+        let watch = sock.try_clone()?;
+        bounded(&watch, "the vhost-user handshake", || {
+            Self::handshake(sock, raw, cfg)
+        })
+    }
+
+    fn handshake(sock: UnixStream, raw: UnixStream, cfg: &FrontendConfig) -> Result<Self, Error> {
         let mut fe = Frontend::from_stream(sock, u64::from(cfg.queues));
         let v = |what| move |e| Error::Vhost(what, e);
 
@@ -861,7 +883,8 @@ impl CryptoFrontend {
         let msg = create_request(self.abi, info);
         self.sock.write_all(&msg)?;
         let mut hdr = [0u8; VHOST_USER_HDR_SIZE];
-        self.sock.read_exact(&mut hdr)?;
+        let late = read_error("CREATE_CRYPTO_SESSION");
+        self.sock.read_exact(&mut hdr).map_err(late)?;
         let (req, flags, size) = decode_header(&hdr);
         let size = size as usize;
         if req != VHOST_USER_CREATE_CRYPTO_SESSION || flags != 0x5 || size > VHOST_USER_MAX_PAYLOAD {
@@ -870,7 +893,7 @@ impl CryptoFrontend {
             )));
         }
         let mut payload = vec![0u8; size];
-        self.sock.read_exact(&mut payload)?;
+        self.sock.read_exact(&mut payload).map_err(late)?;
         if size != self.abi.size() {
             return Err(Error::BadReply(format!("size {size}, sent {}", self.abi.size())));
         }
@@ -900,9 +923,10 @@ impl CryptoFrontend {
             }
         }
         self.sock.write_all(&close_request(id))?;
-        self.frontend
-            .get_features()
-            .map_err(|e| Error::Vhost("GET_FEATURES", e))?;
+        let fe = &mut self.frontend;
+        bounded(&self.sock, "GET_FEATURES", || {
+            fe.get_features().map_err(|e| Error::Vhost("GET_FEATURES", e))
+        })?;
         Ok(())
     }
 
@@ -938,9 +962,11 @@ impl CryptoFrontend {
     /// # Errors
     /// Protocol failures.
     pub fn get_vring_base(&mut self, q: usize) -> Result<u32, Error> {
-        self.frontend
-            .get_vring_base(q)
-            .map_err(|e| Error::Vhost("GET_VRING_BASE", e))
+        let fe = &mut self.frontend;
+        bounded(&self.sock, "GET_VRING_BASE", || {
+            fe.get_vring_base(q)
+                .map_err(|e| Error::Vhost("GET_VRING_BASE", e))
+        })
     }
 
     /// Sets data ring `q` up again after [`CryptoFrontend::get_vring_base`]
@@ -963,21 +989,60 @@ impl CryptoFrontend {
             avail_ring_addr: self.mem.va(dq.avail),
             log_addr: None,
         };
-        self.frontend
-            .set_vring_num(q, dq.size)
-            .map_err(v("SET_VRING_NUM"))?;
-        self.frontend
-            .set_vring_base(q, base)
-            .map_err(v("SET_VRING_BASE"))?;
-        self.frontend
-            .set_vring_addr(q, &addr)
-            .map_err(v("SET_VRING_ADDR"))?;
-        self.frontend
-            .set_vring_kick(q, &dq.kick)
-            .map_err(v("SET_VRING_KICK"))?;
-        self.frontend
-            .set_vring_call(q, &dq.call)
-            .map_err(v("SET_VRING_CALL"))?;
-        Ok(())
+        let fe = &mut self.frontend;
+        bounded(&self.sock, "the ring set-up", || {
+            fe.set_vring_num(q, dq.size).map_err(v("SET_VRING_NUM"))?;
+            fe.set_vring_base(q, base).map_err(v("SET_VRING_BASE"))?;
+            fe.set_vring_addr(q, &addr).map_err(v("SET_VRING_ADDR"))?;
+            fe.set_vring_kick(q, &dq.kick).map_err(v("SET_VRING_KICK"))?;
+            fe.set_vring_call(q, &dq.call).map_err(v("SET_VRING_CALL"))?;
+            Ok(())
+        })
     }
+}
+
+/// Maps a failed read of `what`'s reply: the socket's read timeout
+/// ([`CONTROL_TIMEOUT`]) to [`Error::NoAnswer`], anything else to
+/// [`Error::Io`].
+fn read_error(what: &'static str) -> impl Fn(io::Error) -> Error + Copy {
+    move |e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::NoAnswer(what),
+        _ => Error::Io(e),
+    }
+}
+
+/// Runs `f`, which sends vhost-user requests through rust-vmm's
+/// [`Frontend`] on `sock`, and shuts the socket down if `f` has not
+/// returned after [`CONTROL_TIMEOUT`]: the library retries a read that
+/// timed out (`EAGAIN`) for ever (vhost 0.18 `connection.rs`), so the
+/// socket's read timeout alone does not bound it.
+///
+/// # Errors
+/// [`Error::NoAnswer`] (`what`) once the time ran out (the connection is
+/// unusable then, whatever `f` returned), else `f`'s error.
+fn bounded<T>(
+    sock: &UnixStream,
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let watch = sock.try_clone()?;
+    let fired = Arc::new(AtomicBool::new(false));
+    let (done, wait) = mpsc::channel::<()>();
+    let t = {
+        let fired = fired.clone();
+        std::thread::spawn(move || {
+            if wait.recv_timeout(CONTROL_TIMEOUT) == Err(mpsc::RecvTimeoutError::Timeout) {
+                fired.store(true, Ordering::SeqCst);
+                // The blocked read then sees the end of the stream.
+                let _ = watch.shutdown(Shutdown::Both);
+            }
+        })
+    };
+    let r = f();
+    let _ = done.send(());
+    let _ = t.join();
+    if fired.load(Ordering::SeqCst) {
+        return Err(Error::NoAnswer(what));
+    }
+    r
 }

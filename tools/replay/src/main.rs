@@ -331,7 +331,12 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
     };
     let report = replay(&mut fe, &trace, &opts).map_err(|e| e.to_string())?;
     drop(fe);
-    let Some(other) = a.dpdk_diff else {
+    let other = match a.dpdk_diff {
+        // Nothing to compare with DPDK when our run stopped early.
+        Some(other) if report.error.is_none() => Some(other),
+        _ => None,
+    };
+    let Some(other) = other else {
         if a.json {
             println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
         } else {

@@ -59,6 +59,13 @@ pub struct Report {
     pub cpu_s: f64,
     /// The first few mismatches.
     pub first_mismatches: Vec<Mismatch>,
+    /// Why the run stopped early: the backend did not complete a request
+    /// within the timeout, or the connection failed. Counted as one
+    /// mismatch.
+    pub error: Option<String>,
+    /// Requests submitted but never completed (when the run stopped
+    /// early).
+    pub missing: u64,
     /// What each request produced, in trace order (only with
     /// [`ReplayOptions::record`]; for comparing two backends).
     #[serde(skip)]
@@ -544,8 +551,15 @@ fn canary_where_same(
 
 /// Replays `trace` `opts.repeat` times.
 ///
+/// A backend that does not complete a request within `opts.timeout` or
+/// answer a session message, or a connection that fails, ends the run
+/// early: the report says why ([`Report::error`], one mismatch) and how
+/// many requests never completed ([`Report::missing`]).
+///
 /// # Errors
-/// Transport failures (a mismatch is not an error: see [`Report`]).
+/// [`Error::Options`] or [`Error::Raw`]: the options or a raw request of
+/// the trace do not fit the frontend (a mismatch is not an error: see
+/// [`Report`]).
 pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> Result<Report, Error> {
     let total = trace.requests() as u64 * u64::from(opts.repeat);
     let slots: Vec<Vec<Option<InFlight<'_>>>> = fe
@@ -596,45 +610,60 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     let cpu0 = cpu_seconds();
     let mut busy = Duration::ZERO;
     let mut rr = 0usize;
-    for _ in 0..opts.repeat {
+    let mut failure = None;
+    'run: for _ in 0..opts.repeat {
         for (si, step) in trace.steps.iter().enumerate() {
-            match step {
-                Step::Create {
-                    line,
-                    name,
-                    key,
-                    direction,
-                    expect_err,
-                    chain,
-                } => run.create(*line, name, key, *direction, *expect_err, chain.as_ref())?,
-                Step::Raw(r) => {
-                    let ids = &run.ids;
-                    let lookup = |name: &str| ids.get(name).copied().unwrap_or(0) as u64;
-                    let t = Instant::now();
-                    let out = crate::raw::run_raw(run.fe, r, lookup, opts.timeout)?;
-                    busy += t.elapsed();
-                    // A raw request writes its buffer set's whole area.
-                    for known in run.dst_known.iter_mut().flatten() {
-                        *known = None;
+            let done = (|| -> Result<(), Error> {
+                match step {
+                    Step::Create {
+                        line,
+                        name,
+                        key,
+                        direction,
+                        expect_err,
+                        chain,
+                    } => run.create(*line, name, key, *direction, *expect_err, chain.as_ref())?,
+                    Step::Raw(r) => {
+                        let ids = &run.ids;
+                        let lookup = |name: &str| ids.get(name).copied().unwrap_or(0) as u64;
+                        let t = Instant::now();
+                        let out = crate::raw::run_raw(run.fe, r, lookup, opts.timeout);
+                        busy += t.elapsed();
+                        let out = out?;
+                        // A raw request writes its buffer set's whole area.
+                        for known in run.dst_known.iter_mut().flatten() {
+                            *known = None;
+                        }
+                        run.report.requests += 1;
+                        let name = out
+                            .status
+                            .map_or_else(|| "consumed".to_string(), ExpectStatus::name);
+                        *run.report.status_counts.entry(name).or_default() += 1;
+                        for (field, expected, got) in out.mismatches {
+                            run.mismatch(r.line, &field, expected, got);
+                        }
                     }
-                    run.report.requests += 1;
-                    let name = out
-                        .status
-                        .map_or_else(|| "consumed".to_string(), ExpectStatus::name);
-                    *run.report.status_counts.entry(name).or_default() += 1;
-                    for (field, expected, got) in out.mismatches {
-                        run.mismatch(r.line, &field, expected, got);
+                    Step::Close { name, .. } => {
+                        if let Some(&id) = run.ids.get(name) {
+                            run.fe.close_session(id as u64)?;
+                        }
+                    }
+                    Step::Requests(reqs) => {
+                        let t = Instant::now();
+                        let done = run.requests(reqs, &sigs[si], &mut rr);
+                        busy += t.elapsed();
+                        done?;
                     }
                 }
-                Step::Close { name, .. } => {
-                    if let Some(&id) = run.ids.get(name) {
-                        run.fe.close_session(id as u64)?;
-                    }
-                }
-                Step::Requests(reqs) => {
-                    let t = Instant::now();
-                    run.requests(reqs, &sigs[si], &mut rr)?;
-                    busy += t.elapsed();
+                Ok(())
+            })();
+            match done {
+                Ok(()) => {}
+                // The trace or the options: not the backend's fault.
+                Err(e @ (Error::Options(_) | Error::Raw(_))) => return Err(e),
+                Err(e) => {
+                    failure = Some(e);
+                    break 'run;
                 }
             }
         }
@@ -642,7 +671,13 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     if let Some(b) = &run.bar {
         b.finish_and_clear();
     }
+    let missing = run.inflight.iter().flatten().filter(|s| s.is_some()).count() as u64;
     let mut r = run.report;
+    if let Some(e) = failure {
+        r.error = Some(e.to_string());
+        r.mismatches += 1;
+        r.missing = missing;
+    }
     for (b, &n) in run.status_counts.iter().enumerate() {
         if n > 0 {
             *r.status_counts.entry(ExpectStatus::name(b as u8)).or_default() += n;
@@ -773,6 +808,12 @@ impl Report {
             self.p50_us, self.p99_us
         );
         s += &format!("tool CPU:    {:.3} s\n", self.cpu_s);
+        if let Some(e) = &self.error {
+            s += &format!(
+                "STOPPED:     {e}; {} requests submitted and never completed\n",
+                self.missing
+            );
+        }
         for m in &self.first_mismatches {
             s += &format!(
                 "MISMATCH trace line {}: {}: expected {}, got {}\n",
