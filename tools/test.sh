@@ -12,14 +12,34 @@ log() { printf '\n== %s\n' "$*"; }
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
+# gcc and libc6-dev: the C parts of ring and openssl-sys, linking, and the
+# guest image's static binaries; curl: rustup, when Rust is missing.
+pkgs=(qemu-system-x86 busybox-static kmod xz-utils libssl-dev pkg-config gcc libc6-dev)
+# shellcheck disable=SC1091
+if ! command -v cargo >/dev/null 2>&1 && [ -e "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
+if ! command -v cargo >/dev/null 2>&1; then pkgs+=(curl ca-certificates); fi
 need_pkgs=()
-for p in qemu-system-x86 busybox-static kmod xz-utils libssl-dev pkg-config; do
+for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
     log "installing ${need_pkgs[*]}"
     $SUDO apt-get update -q
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_pkgs[@]}"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    # Debian 12's own Rust (1.63) is older than the workspace's rust-version.
+    log "installing Rust (stable) with rustup into $HOME/.cargo"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+        sh -s -- -y --profile minimal --component clippy,rustfmt
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+want_rust=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+have_rust=$(rustc --version | awk '{print $2}')
+if [ "$(printf '%s\n%s\n' "$want_rust" "$have_rust" | sort -V | head -n 1)" != "$want_rust" ]; then
+    echo "Rust $have_rust is older than the workspace's rust-version $want_rust: install a newer one with rustup ('rustup update stable', or https://rustup.rs)" >&2
+    exit 1
 fi
 for c in clippy rustfmt; do
     if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then

@@ -44,6 +44,23 @@ bpo_version() {
         awk -F'|' -v s="$SUITE/" 'index($3, s) {gsub(/ /, "", $2); print $2; exit}'
 }
 
+# Prints "URI SIGNED-BY" (SIGNED-BY may be empty) of the first one-line
+# 'deb [options] URI bookworm COMPONENT...' entry in the files given.
+oneline_main() {
+    grep -hsE '^[[:space:]]*deb[[:space:]]+(\[[^]]*\][[:space:]]+)?[^[:space:]]+[[:space:]]+bookworm([[:space:]]|$)' "$@" |
+        head -n 1 |
+        awk '{
+            signed = ""; i = 2
+            if ($2 ~ /^\[/) {
+                for (; i <= NF; i++) {
+                    if ($i ~ /^\[?signed-by=/) { s = $i; sub(/^\[?signed-by=/, "", s); sub(/\]$/, "", s); signed = s }
+                    if ($i ~ /\]$/) { i++; break }
+                }
+            }
+            print $i, signed
+        }'
+}
+
 if ! has_backports_source; then
     [[ $(id -u) == 0 ]] || die "no $SUITE apt source; run as root once to add it"
     # Same URIs and Signed-By as the main Debian stanza of the deb822 sources.
@@ -53,10 +70,15 @@ if ! has_backports_source; then
         MAIN=$(awk 'BEGIN {RS=""} /(^|\n)Suites:[^\n]*[ \t]bookworm([ \t]|\n|$)/ {print; exit}' "$f")
         [[ -n $MAIN ]] && break
     done
-    [[ -n $MAIN ]] || die "no deb822 stanza with 'Suites: bookworm' in /etc/apt/sources.list.d/*.sources"
-    URIS=$(sed -n 's/^URIs:[ \t]*//p' <<<"$MAIN" | head -n 1)
-    SIGNED=$(sed -n 's/^Signed-By:[ \t]*//p' <<<"$MAIN" | head -n 1)
-    [[ -n $URIS ]] || die "the bookworm stanza has no URIs"
+    if [[ -n $MAIN ]]; then
+        URIS=$(sed -n 's/^URIs:[ \t]*//p' <<<"$MAIN" | head -n 1)
+        SIGNED=$(sed -n 's/^Signed-By:[ \t]*//p' <<<"$MAIN" | head -n 1)
+    else
+        # The one-line format (what Debian's installer writes):
+        # deb [option=value ...] URI bookworm COMPONENT...
+        read -r URIS SIGNED < <(oneline_main /etc/apt/sources.list /etc/apt/sources.list.d/*.list) || true
+    fi
+    [[ -n ${URIS:-} ]] || die "no apt source for bookworm found (a deb822 stanza with 'Suites: bookworm' in /etc/apt/sources.list.d/*.sources, or a 'deb URI bookworm ...' line)"
     log "adding $SRC_FILE (URIs: $URIS)"
     {
         echo "Types: deb"
