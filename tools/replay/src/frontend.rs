@@ -179,13 +179,13 @@ impl FrontendConfig {
         let slots = DriverQueue::slots_for(self.queue_size, self.desc_mode);
         if self.queue_depth == 0 || self.queue_depth > slots {
             return bad(format!(
-                "--queue-depth {} must be 1..={slots} with --queue-size {} ({} descriptors per request)",
+                "--queue-depth {} must be 1..={slots} with --queue-size {} ({})",
                 self.queue_depth,
                 self.queue_size,
                 if self.desc_mode == DescMode::Chain {
-                    DESCS_PER_REQUEST
+                    format!("up to {DESCS_PER_REQUEST} ring descriptors per request with --descriptors chain")
                 } else {
-                    1
+                    "one ring descriptor per request".to_string()
                 }
             ));
         }

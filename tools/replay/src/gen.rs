@@ -39,6 +39,10 @@ pub struct GenOptions {
     pub seed: u64,
 }
 
+/// Largest generated request (bytes): the daemon's default
+/// `--max-request-bytes` (1 MiB), which `--spawn-daemon` runs it with.
+pub const MAX_GENERATED_SIZE: usize = 1 << 20;
+
 /// Writes the trace.
 ///
 /// # Errors
@@ -47,6 +51,12 @@ pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
     let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     if o.size == 0 || o.size % 16 != 0 {
         return Err(bad(format!("--size {} is not a positive multiple of 16", o.size)));
+    }
+    if o.size > MAX_GENERATED_SIZE {
+        return Err(bad(format!(
+            "--size {} is above the daemon's default limit of 1 MiB",
+            o.size
+        )));
     }
     if !matches!(o.key_bits, 128 | 192 | 256) {
         return Err(bad(format!("--key-bits {} is not 128, 192 or 256", o.key_bits)));
@@ -135,5 +145,40 @@ mod tests {
             &mut Vec::new()
         )
         .is_err());
+    }
+
+    #[test]
+    fn sizes_above_the_daemon_default_limit_are_refused() {
+        let o = GenOptions {
+            opcode: GenOpcode::Encrypt,
+            size: 1 << 20,
+            count: 0,
+            sessions: 1,
+            key_bits: 128,
+            seed: 1,
+        };
+        assert!(generate(&o, &mut Vec::new()).is_ok());
+        for size in [(1 << 20) + 16, 1 << 40] {
+            let e = generate(&GenOptions { size, ..o.clone() }, &mut Vec::new()).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("--size {size} is above the daemon's default limit of 1 MiB")
+            );
+        }
+        let t = |size: usize| {
+            Trace::parse(
+                format!(
+                    "{{\"op\":\"create_session\",\"name\":\"s\",\"algo\":\"aes-cbc\",\"key\":\"000102030405060708090a0b0c0d0e0f\",\"direction\":\"encrypt\"}}\n\
+                     {{\"op\":\"generate\",\"session\":\"s\",\"opcode\":\"encrypt\",\"size\":{size},\"count\":1,\"seed\":1}}\n"
+                )
+                .as_bytes(),
+            )
+        };
+        assert_eq!(t(1 << 20).unwrap().requests(), 1);
+        let e = t(1 << 40).err().unwrap().to_string();
+        assert!(
+            e.contains("generate size 1099511627776 is above the daemon's default limit of 1 MiB"),
+            "{e}"
+        );
     }
 }

@@ -138,6 +138,18 @@ impl SoakOptions {
         if self.queue_depth == 0 {
             return Err("--queue-depth must be at least 1".into());
         }
+        let (per_req, layouts) = match self.layouts {
+            Layouts::Indirect => (1, "indirect"),
+            Layouts::Mixed => (u32::from(DESCS_PER_REQUEST), "mixed"),
+            Layouts::Chain => (u32::from(DESCS_PER_REQUEST), "chain"),
+        };
+        if u32::from(self.queue_depth) * per_req > 32768 {
+            return Err(format!(
+                "--queue-depth {} is above {}: with --descriptors {layouts} a request takes up to {per_req} of the largest ring's 32768 entries",
+                self.queue_depth,
+                32768 / per_req
+            ));
+        }
         Ok(())
     }
 
@@ -933,6 +945,22 @@ pub fn soak(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_depth_is_checked_against_the_largest_ring() {
+        let o = |queue_depth, layouts| SoakOptions {
+            queue_depth,
+            layouts,
+            ..SoakOptions::default()
+        };
+        assert_eq!(o(5461, Layouts::Mixed).validate(), Ok(()));
+        assert_eq!(
+            o(5462, Layouts::Chain).validate(),
+            Err("--queue-depth 5462 is above 5461: with --descriptors chain a request takes up to 6 of the largest ring's 32768 entries".into())
+        );
+        assert_eq!(o(32768, Layouts::Indirect).validate(), Ok(()));
+        assert!(o(32769, Layouts::Indirect).validate().is_err());
+    }
 
     #[test]
     fn cuts_cover_the_length_with_non_empty_pieces() {

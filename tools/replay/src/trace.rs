@@ -668,6 +668,11 @@ impl Trace {
                     let (key, dir, chain) = keys
                         .get(&session)
                         .ok_or_else(|| bad(format!("generate for unknown session {session:?}")))?;
+                    if size > crate::gen::MAX_GENERATED_SIZE {
+                        return Err(bad(format!(
+                            "generate size {size} is above the daemon's default limit of 1 MiB"
+                        )));
+                    }
                     if let Some(c) = chain {
                         let co = cipher_offset.map_or(size % 16, |o| o as usize);
                         if size == 0 || co > size || (size - co) % 16 != 0 {
@@ -739,7 +744,11 @@ impl Trace {
     /// # Errors
     /// [`TraceError`].
     pub fn load(path: &std::path::Path) -> Result<Trace, TraceError> {
-        let f = std::fs::File::open(path).map_err(|e| TraceError::Io(path.display().to_string(), e))?;
+        let io = |e| TraceError::Io(path.display().to_string(), e);
+        let f = std::fs::File::open(path).map_err(io)?;
+        if f.metadata().map_err(io)?.is_dir() {
+            return Err(io(std::io::ErrorKind::IsADirectory.into()));
+        }
         Self::parse(std::io::BufReader::new(f))
     }
 
@@ -784,6 +793,16 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_is_not_a_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Trace::load(dir.path()).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!("cannot read trace {}: is a directory", dir.path().display())
+        );
+    }
 
     #[test]
     fn parses_the_three_documented_kinds() {
