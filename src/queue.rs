@@ -376,6 +376,11 @@ impl QueueWorker {
             let sessions = self.sessions.lock();
             let ahead = avail.wrapping_sub(*next_avail);
             if ahead > ring.size {
+                // The batches before the jump are on the used ring: the
+                // driver is told about them as usual.
+                if result.completed > 0 {
+                    result.notify = self.wants_notify(&ring, *next_used, first_used);
+                }
                 return Err((
                     QueueError::AvailIndexJump {
                         avail,
@@ -467,15 +472,21 @@ impl QueueWorker {
             }
         }
         if result.completed > 0 {
-            // Read after the used index was published and fenced, so a
-            // driver that moves used_event concurrently is seen or sees us.
-            result.notify = if self.event_idx {
-                vring_need_event(ring.used_event(), *next_used, first_used)
-            } else {
-                ring.avail_flags() & VRING_AVAIL_F_NO_INTERRUPT == 0
-            };
+            result.notify = self.wants_notify(&ring, *next_used, first_used);
         }
         self.completed += u64::from(result.completed);
         Ok(result)
+    }
+
+    /// Whether the driver wants a notification for the used elements from
+    /// `first_used` to `next_used` (see the module documentation). Read
+    /// after the used index was published and fenced, so a driver that
+    /// moves `used_event` concurrently is seen or sees us.
+    fn wants_notify(&self, ring: &Ring, next_used: u16, first_used: u16) -> bool {
+        if self.event_idx {
+            vring_need_event(ring.used_event(), next_used, first_used)
+        } else {
+            ring.avail_flags() & VRING_AVAIL_F_NO_INTERRUPT == 0
+        }
     }
 }

@@ -830,6 +830,46 @@ fn h10_avail_index_jump_stops_the_queue() {
     vm.assert_done(u, &NIST_CT);
 }
 
+/// H10 neighbour: a request whose dst is the avail ring's header, so the
+/// device's own output moves the avail index past the queue size while
+/// the batch runs. The queue stops at the next look, as in H10, and the
+/// chain completed before that is still notified (the driver did not set
+/// NO_INTERRUPT: bit 0 of the flags the output wrote is 0).
+#[test]
+fn h10_avail_index_jump_after_a_batch_still_notifies_it() {
+    let mut vm = Vm::new();
+    // A 16-byte plaintext whose ciphertext, written over avail.flags and
+    // avail.idx, leaves NO_INTERRUPT clear and the index more than a ring
+    // ahead of 1 (the ciphertext comes from OpenSSL).
+    let (src, ct) = (0u8..=255)
+        .map(|k| ([k; 16], oracle(true, &NIST_KEY, &NIST_IV, &[k; 16])))
+        .find(|(_, ct)| ct[0] & 1 == 0 && u16::from_le_bytes([ct[2], ct[3]]).wrapping_sub(1) > QSIZE)
+        .expect("a plaintext with that ciphertext");
+    let a = Addrs::at(HDR);
+    vm.write(a.hdr, &hdr(ENCRYPT, E, 16, 16).to_bytes());
+    vm.write(a.iv, &NIST_IV);
+    vm.write(a.src, &src);
+    vm.fill(a.status, STATUS_AREA, CANARY);
+    let head = vm.chain(&[
+        r(a.hdr, 72),
+        r(a.iv, 16),
+        r(a.src, 16),
+        w(RING_AVAIL, 16),
+        w(a.status, 1),
+    ]);
+    vm.push(head);
+    let res = vm.run_within(Duration::from_millis(100));
+    assert_eq!(vm.read(RING_AVAIL, 16), ct, "dst written over the avail ring");
+    assert_eq!((res.completed, res.notify), (1, true));
+    assert_eq!(vm.used_idx(), 1);
+    assert_eq!(vm.used(0).id, u32::from(head));
+    assert_eq!(vm.used(0).len, 17);
+    assert_eq!(vm.byte(a.status), OK);
+    // Stopped: nothing more, whatever the index says now.
+    vm.set_avail_idx(1);
+    assert_eq!(vm.run().completed, 0);
+}
+
 #[test]
 fn h11_malformed_chain_never_completed() {
     let mut vm = Vm::new();
