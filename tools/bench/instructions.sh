@@ -102,9 +102,9 @@ for n, v in sorted(rows, key=lambda r: -r[1])[:top]:
 
 echo "== daemon: QueueWorker::process in-process ($SIZE-byte AES-128-CBC encrypt, 256 requests a call)"
 valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$TMP/daemon.cg" \
-    --toggle-collect='*QueueWorker::process*' "$BENCH" --bench "encrypt/$SIZE\$" --profile-time 2 \
+    --toggle-collect='*QueueWorker::process' "$BENCH" --bench "encrypt/$SIZE\$" --profile-time 2 \
     >"$TMP/daemon.log" 2>&1
-summarise "$TMP/daemon.cg" 'QueueWorker::process' >"$TMP/daemon.txt"
+summarise "$TMP/daemon.cg" 'QueueWorker::process$' >"$TMP/daemon.txt"
 CALLS=$(awk -F'\t' '$1 == "calls" {print $2}' "$TMP/daemon.txt")
 [ "$CALLS" -gt 0 ] || { echo "instructions.sh: no process calls counted" >&2; exit 1; }
 echo "  ($CALLS calls, $((CALLS * 256)) requests)"
