@@ -5,9 +5,9 @@
 //! libraries leave copies that no value owns (round keys, the HMAC states,
 //! ring's padded HMAC key).
 //!
-//! The daemon runs as a child process; the test reads every private
-//! writable mapping of it through `/proc/<pid>/mem` (allowed for a child
-//! of the same user) and looks for byte strings derived from the keys by
+//! The daemon runs as a child process; the test stops it (SIGSTOP), reads
+//! every private writable mapping of it through `/proc/<pid>/mem` (allowed
+//! for a child of the same user) and looks for byte strings derived from the keys by
 //! this file's own code, not by the daemon's libraries: the AES-128 round
 //! keys (FIPS-197 §5.2 key expansion) and the HMAC-SHA1 inner and outer
 //! states after the key block (RFC 2104 with the FIPS 180-4 §6.1.2
@@ -256,10 +256,10 @@ fn scan_process(pid: u32, needles: &[(String, Vec<u8>)]) -> HashMap<String, usiz
         while at < end {
             let n = ((end - at) as usize).min(CHUNK + OVERLAP);
             let chunk = &mut buf[..n];
-            if mem.read_exact_at(chunk, at).is_err() {
-                // A mapping that went away meanwhile, or a guard page.
-                break;
-            }
+            // The daemon is stopped: its private writable mappings stay as
+            // /proc/<pid>/maps listed them, and all of them are readable.
+            mem.read_exact_at(chunk, at)
+                .unwrap_or_else(|e| panic!("reading {n} bytes at {at:#x} of {line}: {e}"));
             scanned += n;
             let last = at + CHUNK as u64 >= end;
             for (i, pair) in chunk.windows(2).enumerate() {
@@ -386,17 +386,49 @@ fn run_requests(fe: &mut CryptoFrontend, cipher: u64, chain: u64) {
     }
 }
 
+/// Stops process `pid` (SIGSTOP) and waits until it is stopped, so that a
+/// scan sees one still picture of its memory.
+fn stop(pid: u32) {
+    // SAFETY: kill(2) of our child, not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+    let t = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // "pid (comm) STATE ...": the state follows the last ')'.
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap();
+        if state == "T" || state == "t" {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the daemon did not stop: {state}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn cont(pid: u32) {
+    // SAFETY: as in `stop`.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) }, 0);
+}
+
 /// Starts a daemon with `extra`, runs the requests, checks that the scan
 /// finds the keys while the sessions are live (if `scan_live`), closes
-/// them and returns what the scan finds `after_close_wait` later (the
-/// daemon still connected), the time from the batch to the end of that
-/// scan, and whether the worker was still polling the ring then (it sets
-/// `VRING_USED_F_NO_NOTIFY` in the used ring's flags while it polls).
+/// them, and `after_close_wait` later stops the daemon and returns what the
+/// scan finds and whether the worker was still polling the ring (it sets
+/// `VRING_USED_F_NO_NOTIFY` in the used ring's flags while it polls); then
+/// lets it go on and checks that it still serves the connection.
 fn residue_after_close(
     extra: &[&str],
     scan_live: bool,
     after_close_wait: Duration,
-) -> (HashMap<String, usize>, Duration, bool) {
+) -> (HashMap<String, usize>, bool) {
     let daemon = spawn_daemon(extra);
     let mut fe = CryptoFrontend::connect(&daemon.sock, &config()).unwrap();
     let cipher = fe.create_session(&cipher_session()).unwrap();
@@ -404,9 +436,11 @@ fn residue_after_close(
     assert!(cipher > 0 && chain > 0, "session ids {cipher} {chain}");
     let needles = needles();
     run_requests(&mut fe, cipher as u64, chain as u64);
-    let batch_done = Instant::now();
+    let pid = daemon.child.id();
     if scan_live {
-        let live = scan_process(daemon.child.id(), &needles);
+        stop(pid);
+        let live = scan_process(pid, &needles);
+        cont(pid);
         for name in [
             "cipher AES round key 10",
             "chain AES round key 10",
@@ -422,14 +456,15 @@ fn residue_after_close(
     fe.close_session(cipher as u64).unwrap();
     fe.close_session(chain as u64).unwrap();
     std::thread::sleep(after_close_wait);
-    let after = scan_process(daemon.child.id(), &needles);
-    let since_batch = batch_done.elapsed();
+    stop(pid);
     let used_flags = fe.queues[0].mem().read_u8(fe.queues[0].ring_addrs().used);
     let polling = used_flags & 1 != 0;
+    let after = scan_process(pid, &needles);
+    cont(pid);
     // The daemon is still serving this connection.
     let again = fe.create_session(&cipher_session()).unwrap();
     assert!(again > chain, "a new session after the closes: {again}");
-    (after, since_batch, polling)
+    (after, polling)
 }
 
 fn assert_none(hits: &HashMap<String, usize>) {
@@ -441,7 +476,7 @@ fn assert_none(hits: &HashMap<String, usize>) {
 fn nothing_of_a_closed_session_is_left_with_the_worker_waiting_for_kicks() {
     // The worker polls 50 µs after the batch (the default), then waits for
     // kicks: the CLOSE comes well after that.
-    let (hits, _, polling) = residue_after_close(&[], true, Duration::from_millis(100));
+    let (hits, polling) = residue_after_close(&[], true, Duration::from_millis(100));
     assert!(!polling, "the worker still polls the ring");
     assert_none(&hits);
 }
@@ -449,14 +484,13 @@ fn nothing_of_a_closed_session_is_left_with_the_worker_waiting_for_kicks() {
 #[test]
 fn nothing_of_a_closed_session_is_left_with_the_worker_polling() {
     // The worker keeps polling the ring for 1 s after the batch (the
-    // largest --poll-us), through the CLOSE and the scan. (The scan while
-    // the sessions are live is left to the other case, to stay inside that
-    // second in a debug build.)
-    let (hits, since_batch, polling) =
-        residue_after_close(&["--poll-us", "1000000"], false, Duration::from_millis(20));
+    // largest --poll-us), through the CLOSE; the daemon is stopped for the
+    // scan 20 ms after it. (No scan while the sessions are live here: the
+    // daemon stopped for it would see its poll time run out.)
+    let (hits, polling) = residue_after_close(&["--poll-us", "1000000"], false, Duration::from_millis(20));
     assert!(
         polling,
-        "the worker stopped polling before the scan ended ({since_batch:?} after the batch): this case tests nothing"
+        "the worker had stopped polling before the daemon was stopped: this case tests nothing"
     );
     assert_none(&hits);
 }
