@@ -113,7 +113,8 @@ pub enum Error {
     /// The backend stopped answering.
     #[error("timed out waiting for completions")]
     Timeout,
-    /// The backend did not answer a vhost-user message in time.
+    /// The backend did not answer a vhost-user message in time. The
+    /// connection is shut down then: the frontend is unusable.
     #[error(
         "the backend did not answer {0} within {secs} s (is it serving another frontend?)",
         secs = CONTROL_TIMEOUT.as_secs()
@@ -883,8 +884,8 @@ impl CryptoFrontend {
         let msg = create_request(self.abi, info);
         self.sock.write_all(&msg)?;
         let mut hdr = [0u8; VHOST_USER_HDR_SIZE];
-        let late = read_error("CREATE_CRYPTO_SESSION");
-        self.sock.read_exact(&mut hdr).map_err(late)?;
+        let late = read_error(&self.sock, "CREATE_CRYPTO_SESSION");
+        (&self.sock).read_exact(&mut hdr).map_err(late)?;
         let (req, flags, size) = decode_header(&hdr);
         let size = size as usize;
         if req != VHOST_USER_CREATE_CRYPTO_SESSION || flags != 0x5 || size > VHOST_USER_MAX_PAYLOAD {
@@ -893,7 +894,7 @@ impl CryptoFrontend {
             )));
         }
         let mut payload = vec![0u8; size];
-        self.sock.read_exact(&mut payload).map_err(late)?;
+        (&self.sock).read_exact(&mut payload).map_err(late)?;
         if size != self.abi.size() {
             return Err(Error::BadReply(format!("size {size}, sent {}", self.abi.size())));
         }
@@ -1001,12 +1002,16 @@ impl CryptoFrontend {
     }
 }
 
-/// Maps a failed read of `what`'s reply: the socket's read timeout
-/// ([`CONTROL_TIMEOUT`]) to [`Error::NoAnswer`], anything else to
-/// [`Error::Io`].
-fn read_error(what: &'static str) -> impl Fn(io::Error) -> Error + Copy {
+/// Maps a failed read of `what`'s reply on `sock`: the socket's read
+/// timeout ([`CONTROL_TIMEOUT`]) to [`Error::NoAnswer`], after shutting the
+/// socket down (a late reply must not be taken for the answer to the next
+/// message), anything else to [`Error::Io`].
+fn read_error<'a>(sock: &'a UnixStream, what: &'static str) -> impl Fn(io::Error) -> Error + Copy + 'a {
     move |e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::NoAnswer(what),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            let _ = sock.shutdown(Shutdown::Both);
+            Error::NoAnswer(what)
+        }
         _ => Error::Io(e),
     }
 }

@@ -372,13 +372,16 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
         }
     }
     // The verdict: our results match the trace and DPDK's match ours byte
-    // for byte. DPDK's own mismatches against the trace are reported (its
-    // used length on a failed verify differs by convention).
-    Ok(if report.mismatches == 0 && cmp.differences == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    // for byte, and DPDK's run did not stop early. DPDK's own mismatches
+    // against the trace are reported (its used length on a failed verify
+    // differs by convention).
+    Ok(
+        if report.mismatches == 0 && cmp.differences == 0 && dpdk.error.is_none() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        },
+    )
 }
 
 #[cfg(test)]

@@ -662,7 +662,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                 // The trace or the options: not the backend's fault.
                 Err(e @ (Error::Options(_) | Error::Raw(_))) => return Err(e),
                 Err(e) => {
-                    failure = Some(e);
+                    failure = Some((e, matches!(step, Step::Raw(_))));
                     break 'run;
                 }
             }
@@ -673,10 +673,12 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     }
     let missing = run.inflight.iter().flatten().filter(|s| s.is_some()).count() as u64;
     let mut r = run.report;
-    if let Some(e) = failure {
+    if let Some((e, raw)) = failure {
         r.error = Some(e.to_string());
         r.mismatches += 1;
-        r.missing = missing;
+        // A raw request is not tracked in flight: when the run stopped at
+        // one, it is the one that never completed.
+        r.missing = missing + u64::from(raw);
     }
     for (b, &n) in run.status_counts.iter().enumerate() {
         if n > 0 {
