@@ -25,6 +25,22 @@ fn trace(name: &str) -> Trace {
     .unwrap()
 }
 
+/// One queue of `queue_size` entries, `queue_depth` requests of up to 64
+/// bytes in flight, layout C, indirect tables.
+fn one_queue(queue_size: u16, queue_depth: u16) -> FrontendConfig {
+    FrontendConfig {
+        queues: 1,
+        queue_size,
+        queue_depth,
+        max_payload: 64,
+        max_iv: 16,
+        memory_bytes: 0,
+        session_abi: SessionAbi::C,
+        desc_mode: DescMode::Indirect,
+        dpdk: false,
+    }
+}
+
 fn run(sock: &Path, t: &Trace, abi: SessionAbi, mode: DescMode, queues: u16) -> Report {
     let cfg = FrontendConfig {
         queues,
@@ -197,17 +213,7 @@ fn a_backend_that_stops_completing_ends_the_run_with_a_report() {
     )
     .unwrap();
     let t = Trace::parse(&text[..]).unwrap();
-    let cfg = FrontendConfig {
-        queues: 1,
-        queue_size: 256,
-        queue_depth: 32,
-        max_payload: 64,
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
-    };
+    let cfg = one_queue(256, 32);
     let mut fe = CryptoFrontend::connect(&daemon.sock, &cfg).unwrap();
     let opts = ReplayOptions {
         repeat: 100_000,
@@ -255,17 +261,7 @@ fn a_backend_that_never_answers_the_handshake_is_an_error_after_the_control_time
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("silent.sock");
     let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-    let cfg = FrontendConfig {
-        queues: 1,
-        queue_size: 64,
-        queue_depth: 8,
-        max_payload: 64,
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
-    };
+    let cfg = one_queue(64, 8);
     let t0 = std::time::Instant::now();
     let r = CryptoFrontend::connect(&path, &cfg);
     let took = t0.elapsed();
