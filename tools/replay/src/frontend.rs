@@ -738,9 +738,8 @@ impl CryptoFrontend {
     /// Sets up a frontend on an already-connected socket.
     ///
     /// # Errors
-    /// Negotiation failures.
-    /// [`Error::NoAnswer`] if the backend does not answer a message of
-    /// the handshake within [`CONTROL_TIMEOUT`].
+    /// Negotiation failures; [`Error::NoAnswer`] if the backend does not
+    /// answer a message of the handshake within [`CONTROL_TIMEOUT`].
     pub fn from_stream(sock: UnixStream, cfg: &FrontendConfig) -> Result<Self, Error> {
         cfg.validate()?;
         // A backend that never answers must not hang the tool: the session
