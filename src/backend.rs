@@ -326,7 +326,7 @@ impl VhostUserBackend for CryptoBackend {
                 // key stays on this thread's stack meanwhile, whatever
                 // CLOSE comes before the next kick (while the worker runs,
                 // `QueueWorker::process` wipes after a CLOSE).
-                crate::sessions::wipe_stack();
+                crate::sessions::wipe_stack::<{ crate::sessions::WORKER_STACK_WIPE_BYTES }>();
                 r
             }
             _ => {

@@ -588,7 +588,7 @@ fn enable_message(index: u32) -> [u8; VHOST_USER_HDR_SIZE + 8] {
 /// the keys leave copies of them there.
 pub fn handle_create(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice) -> Zeroizing<Vec<u8>> {
     let reply = create_session(registry, payload, abi);
-    crate::sessions::wipe_stack();
+    crate::sessions::wipe_stack::<{ crate::sessions::CREATE_STACK_WIPE_BYTES }>();
     reply
 }
 

@@ -317,7 +317,7 @@ impl QueueWorker {
         let closes = self.sessions.closes();
         if closes != self.closes_seen {
             self.closes_seen = closes;
-            crate::sessions::wipe_stack();
+            crate::sessions::wipe_stack::<{ crate::sessions::WORKER_STACK_WIPE_BYTES }>();
         }
         r
     }

@@ -46,25 +46,30 @@ use crate::wire::{
 /// table then grows on CREATE, never on a data request).
 const MAX_PRERESERVED: usize = 4096;
 
-/// Bytes of stack that [`wipe_stack`] zeroes below its caller's frame.
-/// A queue worker's batch of multi-buffer AES, block-by-block and HMAC
-/// requests reached 3 KiB below `process` in a release build and 13.5 KiB
-/// in a debug build (measured by painting the stack); a CREATE (key
-/// expansion, ring's HMAC key set-up) goes less deep. `tests/key_residue.rs`
-/// checks that nothing is left.
-pub const STACK_WIPE_BYTES: usize = 32 * 1024;
+/// Bytes of stack a queue worker wipes ([`wipe_stack`]): a batch of
+/// multi-buffer AES, block-by-block and HMAC requests reached 3 KiB below
+/// `process` in a release build and 13.5 KiB in a debug build (measured by
+/// painting the stack). About 0.3 µs a wipe.
+pub const WORKER_STACK_WIPE_BYTES: usize = 32 * 1024;
 
-/// Zeroes [`STACK_WIPE_BYTES`] of the calling thread's stack just below the
-/// caller's frame: where the functions it called before kept their locals
-/// and spills, including copies of key material that no value owns any
-/// more (moved-from sessions, round keys the `aes` crate spilled, the HMAC
-/// states and padded key `ring` made). Only what ran in frames the caller
-/// called is covered, so the key-handling code must not be inlined into
-/// the caller (`#[inline(never)]` on it). About 0.3 µs
-/// (`zeroize::zeroize_stack`: a memset behind an optimisation barrier).
+/// Bytes of stack the session-message handler wipes after a CREATE: key
+/// expansion and ring's HMAC key set-up went about 35 KiB deep in a debug
+/// build (painted; 32 KiB left AES-192 round keys behind there). A CREATE
+/// is rare, so the margin is wide.
+pub const CREATE_STACK_WIPE_BYTES: usize = 128 * 1024;
+
+/// Zeroes `BYTES` of the calling thread's stack just below the caller's
+/// frame: where the functions it called before kept their locals and
+/// spills, including copies of key material that no value owns any more
+/// (moved-from sessions, round keys the `aes` crate spilled or copied, the
+/// HMAC states and padded key `ring` made). Only what ran in frames the
+/// caller called is covered, so the key-handling code must not be inlined
+/// into the caller (`#[inline(never)]` on it). `zeroize::zeroize_stack`: a
+/// memset behind an optimisation barrier; `tests/key_residue.rs` checks
+/// that nothing is left, in release and debug builds.
 #[inline]
-pub fn wipe_stack() {
-    zeroize::zeroize_stack::<STACK_WIPE_BYTES>();
+pub fn wipe_stack<const BYTES: usize>() {
+    zeroize::zeroize_stack::<BYTES>();
 }
 
 /// One session as the data path sees it: a cipher session, or an
