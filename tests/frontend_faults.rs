@@ -101,6 +101,9 @@ fn hex(s: &str) -> Vec<u8> {
 #[path = "common/daemon.rs"]
 mod daemon;
 
+/// The in-process test harness; only its request-header helper is used here.
+mod common;
+
 /// The daemon under test (RUST_LOG=warn, log in a file) with a watchdog;
 /// killed on drop (its log is printed if the test failed).
 struct Daemon {
@@ -1835,15 +1838,7 @@ fn raw_nist_request(mem: &File, kick: &EventFd, call: &EventFd, sid: u64, n: u16
     use std::os::unix::fs::FileExt;
     let (hdr_at, iv_at, src_at, dst_at, status_at) = (0x10000u64, 0x11000, 0x12000, 0x13000, 0x14000);
     let (desc, avail, used) = (0x80000u64, 0x81000u64, 0x82000u64);
-    let h = OpDataReq {
-        opcode: ENCRYPT,
-        algo: 0,
-        session_id: sid,
-        op_type: 1,
-        iv_len: 16,
-        src_data_len: 64,
-        dst_data_len: 64,
-    };
+    let h = common::hdr(ENCRYPT, sid, 64, 64);
     mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
     mem.write_all_at(&hex(NIST_IV), iv_at).unwrap();
     mem.write_all_at(&hex(NIST_PT), src_at).unwrap();
@@ -2104,15 +2099,7 @@ impl BusyRing {
         let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
         let (hdr_at, src_at, dst_at, status_at, len) =
             (0x10000u64, 0x20000u64, 0x40000u64, 0x14000u64, 0x10000u32);
-        let h = OpDataReq {
-            opcode: ENCRYPT,
-            algo: 0,
-            session_id: sid,
-            op_type: 1,
-            iv_len: 16,
-            src_data_len: len,
-            dst_data_len: len,
-        };
+        let h = common::hdr(ENCRYPT, sid, len, len);
         mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
         write_chain(
             &mem,
