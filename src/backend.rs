@@ -11,7 +11,7 @@
 use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -54,6 +54,7 @@ pub struct CryptoBackend {
     seccomp: Option<WorkerFilter>,
     event_idx: AtomicBool,
     disconnected: AtomicBool,
+    signal_failures: AtomicU64,
 }
 
 thread_local! {
@@ -87,6 +88,7 @@ impl CryptoBackend {
             seccomp: None,
             event_idx: AtomicBool::new(false),
             disconnected: AtomicBool::new(false),
+            signal_failures: AtomicU64::new(0),
         })
     }
 
@@ -132,6 +134,15 @@ impl CryptoBackend {
             // epoll) is gone per the caller's contract, so we own it now.
             drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
         }
+    }
+
+    /// Used-buffer notifications (writes to a call eventfd) that failed
+    /// so far, on all queues. Only the first is logged: a frontend can make
+    /// every one fail, e.g. by filling its call eventfd's counter (the
+    /// write then fails with `EAGAIN`, the descriptor being non-blocking,
+    /// see [`crate::frontend_proxy::check_ring_eventfd`]).
+    pub fn signal_failures(&self) -> u64 {
+        self.signal_failures.load(Ordering::Relaxed)
     }
 
     /// Requests completed on each queue so far.
@@ -211,7 +222,15 @@ impl CryptoBackend {
                 // NO_INTERRUPT flag; see queue.rs).
                 if r.notify {
                     if let Err(e) = state.signal_used_queue() {
-                        warn!("queue {queue}: signalling the call eventfd failed: {e}");
+                        // A frontend can make every one fail (a call
+                        // eventfd whose counter it filled up): the first
+                        // is logged, the others counted.
+                        if self.signal_failures.fetch_add(1, Ordering::Relaxed) == 0 {
+                            warn!(
+                                "queue {queue}: signalling the call eventfd failed: {e} \
+                                 (further failures on this connection are counted, not logged)"
+                            );
+                        }
                     }
                 }
                 polling = !self.poll.is_zero();

@@ -168,6 +168,10 @@ pub fn serve_stream(
         debug!("vhost-user handler ended: {e}");
     }
     info!("completed requests per queue: {:?}", backend.completed());
+    let failed = backend.signal_failures();
+    if failed > 0 {
+        warn!("{failed} used-buffer notifications could not be signalled on this connection");
+    }
     // Dropping the daemon joins the queue worker threads; dropping the
     // backend (last reference) drops the session tables, zeroizing keys.
     drop(daemon);

@@ -26,6 +26,10 @@
 //! * `SET_VRING_NUM` and `SET_VRING_BASE` values no split ring can have end
 //!   the connection (the library would accept or truncate them), and so do
 //!   memory regions larger than the file behind them (SIGBUS on access);
+//! * `SET_VRING_KICK`, `SET_VRING_CALL` and `SET_VRING_ERR` descriptors
+//!   that are not eventfds, or are eventfds in semaphore mode, end the
+//!   connection; the others are made non-blocking before the library gets
+//!   them (see [`check_ring_eventfd`]);
 //! * `SET_MEM_TABLE` / `ADD_MEM_REG`: each region's file is sealed against
 //!   shrinking first (`F_SEAL_SHRINK`, added if the memfd allows it), so the
 //!   size checked is the size for good; a file that cannot be sealed is
@@ -79,6 +83,8 @@ pub const VHOST_USER_GET_VRING_BASE: u32 = 11;
 pub const VHOST_USER_SET_VRING_KICK: u32 = 12;
 /// `VHOST_USER_SET_VRING_CALL`.
 pub const VHOST_USER_SET_VRING_CALL: u32 = 13;
+/// `VHOST_USER_SET_VRING_ERR`.
+pub const VHOST_USER_SET_VRING_ERR: u32 = 14;
 /// `VHOST_USER_SET_VRING_ENABLE`.
 pub const VHOST_USER_SET_VRING_ENABLE: u32 = 18;
 /// `VHOST_USER_VRING_NOFD_MASK`: bit 8 of a vring fd message's u64.
@@ -374,6 +380,14 @@ fn pump_requests(
                 if request == VHOST_USER_SET_MEM_TABLE || request == VHOST_USER_ADD_MEM_REG {
                     check_memory_regions(request, &msg.payload, &msg.fds, config.require_sealed_memory)?;
                 }
+                if matches!(
+                    request,
+                    VHOST_USER_SET_VRING_KICK | VHOST_USER_SET_VRING_CALL | VHOST_USER_SET_VRING_ERR
+                ) {
+                    for file in &msg.fds {
+                        check_ring_eventfd(request, file)?;
+                    }
+                }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
                 }
@@ -516,6 +530,78 @@ pub fn seal_against_shrinking(file: &File) -> ShrinkSeal {
         return ShrinkSeal::Impossible(format!("F_ADD_SEALS(F_SEAL_SHRINK): {e}"));
     }
     ShrinkSeal::Added
+}
+
+/// Checks a descriptor of `SET_VRING_KICK`, `SET_VRING_CALL` or
+/// `SET_VRING_ERR` (`request`) and sets `O_NONBLOCK` on it.
+///
+/// vhost-user-backend 0.24 reads 8 bytes from a ring's kick descriptor
+/// whenever its epoll (level-triggered) reports it readable, while it
+/// holds the ring's lock (`event_loop.rs` `handle_event`, `vring.rs`
+/// `read_kick`), and the worker writes 8 bytes to the call descriptor
+/// after each batch. The vhost-user spec says these are eventfds; the
+/// library does not check. So:
+/// * anything else (a pipe, a socket, a file) is refused: a pipe holding
+///   fewer than 8 bytes would block the worker in `read` for good, holding
+///   the ring's lock (GET_VRING_BASE never answered) and, once the
+///   frontend is gone, keeping the daemon from serving anyone else;
+/// * an eventfd in semaphore mode (`EFD_SEMAPHORE`, shown as
+///   `eventfd-semaphore: 1` in `/proc/self/fdinfo` on recent kernels,
+///   e.g. 6.18) is refused: each read takes 1 off its counter, so one write of 2^32
+///   keeps the worker waking up, a whole CPU, as long as the connection
+///   lasts. (On older kernels, which do not show the mode, it cannot be
+///   told apart and is accepted.)
+/// * the others get `O_NONBLOCK`, so that neither the library's read of a
+///   kick descriptor nor the worker's write of a call descriptor can
+///   block: a call eventfd whose counter the frontend filled up makes the
+///   write fail with `EAGAIN` instead (counted, see
+///   [`crate::backend::CryptoBackend::signal_failures`]). The flag is on
+///   the open file, shared with the frontend; QEMU opens its eventfds
+///   with `EFD_NONBLOCK` anyway (`event_notifier_init`).
+///
+/// What a descriptor is comes from `/proc/self/fd/N`
+/// (`anon_inode:[eventfd]`); without `/proc` nothing is accepted.
+///
+/// # Errors
+/// `InvalidData` (the caller ends the connection) for a refused
+/// descriptor, with the reason; the `fcntl` error if setting the flag
+/// failed.
+pub fn check_ring_eventfd(request: u32, file: &File) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    let what = match request {
+        VHOST_USER_SET_VRING_KICK => "SET_VRING_KICK",
+        VHOST_USER_SET_VRING_CALL => "SET_VRING_CALL",
+        _ => "SET_VRING_ERR",
+    };
+    let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidData, format!("{what}: {m}")));
+    match std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+        Ok(target) if target.as_os_str() == "anon_inode:[eventfd]" => {}
+        Ok(target) => return bad(format!("the descriptor is {}, not an eventfd", target.display())),
+        Err(e) => return bad(format!("cannot tell what the descriptor is (/proc/self/fd: {e})")),
+    }
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+    let semaphore = info
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .any(|(k, v)| k.trim() == "eventfd-semaphore" && v.trim() != "0");
+    if semaphore {
+        return bad("the eventfd is in semaphore mode (EFD_SEMAPHORE)".into());
+    }
+    // SAFETY: fcntl(F_GETFL) on a descriptor `file` owns; it takes no
+    // argument and touches no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if flags & libc::O_NONBLOCK != 0 {
+        return Ok(());
+    }
+    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor `file`
+    // owns; it touches no memory of ours.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// What the frontend has set up for one data ring since it was last stopped.
