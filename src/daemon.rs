@@ -180,6 +180,40 @@ pub fn serve_stream(
     Ok(())
 }
 
+/// Installs the daemon's logger (env_logger): the level from `RUST_LOG`
+/// (default `info`); colour from `RUST_LOG_STYLE` (`always`, `never`),
+/// else off when `NO_COLOR` is set, on when `CLICOLOR_FORCE` is set (not
+/// `0`), else on when stderr is a terminal and `TERM` is not `dumb`,
+/// decided here, once.
+///
+/// Queue workers log from threads under the seccomp filter
+/// ([`crate::seccomp`]), which does not allow `ioctl`. env_logger's
+/// stderr target, when it colours, asks for every line whether stderr is a
+/// terminal (anstream `AutoStream::always_ansi`: `isatty`, an `ioctl`),
+/// and the filter kills the process: a guest could kill the daemon with a
+/// request that a worker logs (an avail-index jump, H10). So records are
+/// styled into a buffer and written to stderr as bytes
+/// (`Target::Pipe`), which makes no system call but `write`.
+pub fn init_logging() {
+    use std::io::IsTerminal;
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let colour = match std::env::var("RUST_LOG_STYLE").as_deref() {
+        Ok("always") => true,
+        Ok("never") => false,
+        _ if var("NO_COLOR").is_some() => false,
+        _ if var("CLICOLOR_FORCE").is_some_and(|v| v != "0") => true,
+        _ => std::io::stderr().is_terminal() && var("TERM").is_some_and(|t| t != "dumb"),
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().filter_or("RUST_LOG", "info"))
+        .write_style(if colour {
+            env_logger::WriteStyle::Always
+        } else {
+            env_logger::WriteStyle::Never
+        })
+        .target(env_logger::Target::Pipe(Box::new(std::io::stderr())))
+        .init();
+}
+
 /// Runs the daemon forever: check the seccomp filter (unless off), bind,
 /// then serve frontends one after another.
 ///

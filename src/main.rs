@@ -5,7 +5,7 @@ use clap::Parser;
 use vhost_user_crypto::{args::Args, daemon};
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().filter_or("RUST_LOG", "info")).init();
+    daemon::init_logging();
     let config = Args::parse().into();
     if let Err(e) = daemon::run(&config) {
         eprintln!("vhost-user-crypto: {e}");

@@ -2122,6 +2122,123 @@ fn kick_and_call_eventfds_are_made_non_blocking() {
     assert_nist(&daemon.sock, "a call eventfd that cannot be written");
 }
 
+/// H10 against the daemon binary, with its log in colour and not: the
+/// guest moves the avail index 1,000 past the last one on a 256-entry
+/// ring and kicks. The queue worker stops the ring and logs "data queue
+/// stopped" from its own thread, which runs under the seccomp filter. In
+/// colour, env_logger used to ask for each line whether stderr is a
+/// terminal (an `ioctl` the filter does not allow), and the filter killed
+/// the whole daemon (SIGSYS) instead of stopping one ring. Found by a fresh
+/// reviewer. For stderr a file (plain, `RUST_LOG_STYLE=always`,
+/// `CLICOLOR_FORCE=1`) and a terminal (`TERM=xterm-256color`): the line is
+/// logged once, the daemon lives, the connection still answers, and the
+/// next frontend gets NIST F.2.1 right (hostile-guest-cases.md H10: stop
+/// that queue, log once, other connections unaffected).
+#[test]
+fn h10_logged_by_a_filtered_worker_in_colour_does_not_kill_the_daemon() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::{Arc, Mutex};
+    type Captured = Arc<Mutex<Vec<u8>>>;
+    // A pseudo-terminal whose other side is read into a buffer.
+    let terminal = || -> (File, Captured) {
+        let (mut master, mut slave) = (-1, -1);
+        // SAFETY: openpty(3) fills two ints; no name, termios or window size.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty: {}", io::Error::last_os_error());
+        // SAFETY: two fresh descriptors we own.
+        let (mut m, s) = unsafe { (File::from_raw_fd(master), File::from_raw_fd(slave)) };
+        let out = Captured::default();
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            while let Ok(n @ 1..) = m.read(&mut b) {
+                sink.lock().unwrap().extend_from_slice(&b[..n]);
+            }
+        });
+        (s, out)
+    };
+    /// What is tried, the daemon's extra environment, stderr on a terminal.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
+    let cases: [Case; 4] = [
+        ("stderr a file", &[], false),
+        ("RUST_LOG_STYLE=always", &[("RUST_LOG_STYLE", "always")], false),
+        ("CLICOLOR_FORCE=1", &[("CLICOLOR_FORCE", "1")], false),
+        ("stderr a terminal", &[("TERM", "xterm-256color")], true),
+    ];
+    for (what, env, on_terminal) in cases {
+        let (stderr, log): (File, Box<dyn Fn() -> String>) = if on_terminal {
+            let (s, out) = terminal();
+            (
+                s,
+                Box::new(move || String::from_utf8_lossy(&out.lock().unwrap()).into_owned()),
+            )
+        } else {
+            // (The daemon shares the file's offset: read from 0, by position.)
+            let f = tempfile::tempfile().unwrap();
+            let r = f.try_clone().unwrap();
+            (
+                f,
+                Box::new(move || {
+                    let mut b = vec![0u8; r.metadata().unwrap().len() as usize];
+                    r.read_exact_at(&mut b, 0).unwrap();
+                    String::from_utf8_lossy(&b).into_owned()
+                }),
+            )
+        };
+        let mut seen = String::new();
+        let mut d = daemon::spawn_daemon_env(&[], "warn", env, stderr.into());
+        let c = Conn::negotiated(&d.sock);
+        let mem = sealable_memfd(MEM_SIZE);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &mem, &kick, &call);
+        mem.write_all_at(&1000u16.to_le_bytes(), RAW_AVAIL + 2).unwrap();
+        kick.write(1).unwrap();
+        let start = Instant::now();
+        while !seen.contains("data queue stopped") {
+            if let Some(status) = d.child.try_wait().unwrap() {
+                panic!(
+                    "{what}: the daemon died after H10: {status:?}; its log:\n{}",
+                    log()
+                );
+            }
+            assert!(
+                start.elapsed() < TIMEOUT,
+                "{what}: H10 not logged; the log:\n{seen}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            seen = log();
+        }
+        // A kick more, and the connection still answers.
+        kick.write(1).unwrap();
+        assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0, "{what}: still served");
+        std::thread::sleep(Duration::from_millis(100));
+        let seen = log();
+        assert_eq!(
+            seen.matches("data queue stopped").count(),
+            1,
+            "{what}: logged once:\n{seen}"
+        );
+        assert_eq!(
+            seen.contains("\x1b["),
+            what != "stderr a file",
+            "{what}: in colour or not:\n{seen}"
+        );
+        assert!(d.child.try_wait().unwrap().is_none(), "{what}: daemon died");
+        drop(c);
+        assert_nist(&d.sock, what);
+        d.stop();
+    }
+}
+
 /// Guest memory files that cannot be sealed against shrinking: a memfd made
 /// without MFD_ALLOW_SEALING (F_SEAL_SEAL from birth; QEMU's
 /// memory-backend-memfd with seal=off) and a plain file (memory-backend-file

@@ -48,20 +48,47 @@ pub fn spawn_daemon_logged(extra: &[&str], rust_log: &str) -> Daemon {
     spawn(extra, rust_log, true)
 }
 
-fn spawn(extra: &[&str], rust_log: &str, to_file: bool) -> Daemon {
+/// Like [`spawn_daemon`] with RUST_LOG=`rust_log`, the log styling
+/// variables (`RUST_LOG_STYLE`, `CLICOLOR_FORCE`, `NO_COLOR`) removed and
+/// then `env` set, and stderr going to `stderr`; stdin and stdout are
+/// /dev/null. ([`Daemon::log`] is not available.)
+pub fn spawn_daemon_env(extra: &[&str], rust_log: &str, env: &[(&str, &str)], stderr: Stdio) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("crypto.sock");
+    let mut cmd = command(&dir, extra, rust_log);
+    cmd.env_remove("RUST_LOG_STYLE")
+        .env_remove("CLICOLOR_FORCE")
+        .env_remove("NO_COLOR")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    start(cmd, dir, None)
+}
+
+fn command(dir: &tempfile::TempDir, extra: &[&str], rust_log: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"));
     cmd.arg("--socket-path")
-        .arg(&sock)
+        .arg(dir.path().join("crypto.sock"))
         .args(extra)
         .env("RUST_LOG", rust_log);
+    cmd
+}
+
+fn spawn(extra: &[&str], rust_log: &str, to_file: bool) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(&dir, extra, rust_log);
     let log = to_file.then(|| dir.path().join("daemon.log"));
     if let Some(log) = &log {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(File::create(log).unwrap());
     }
+    start(cmd, dir, log)
+}
+
+/// Spawns `cmd` and waits for its socket in `dir`.
+fn start(mut cmd: Command, dir: tempfile::TempDir, log: Option<PathBuf>) -> Daemon {
+    let sock = dir.path().join("crypto.sock");
     let child = cmd.spawn().unwrap();
     let start = Instant::now();
     while !sock.exists() {
