@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vhost-crypto-replay gen`: benchmark traces whose expected outputs come
-//! from the `algorithms` crate's single-stream reference path
-//! (`algorithms::aes_cbc`, pinned by NIST SP 800-38A vectors), never from a
-//! backend.
+//! from the tool's reference cipher ([`crate::reference`]: RustCrypto's
+//! `cbc` and `aes` crates, pinned by NIST SP 800-38A vectors, sharing no
+//! code with the daemon's `algorithms` crate), never from a backend.
 
 use std::io::{self, Write};
 
-use algorithms::{aes_cbc, Direction};
+use algorithms::Direction;
 use clap::ValueEnum;
 
+use crate::reference::aes_cbc;
 use crate::trace::{hex, Rng};
 
 /// Which opcodes a generated trace uses.
@@ -137,14 +138,15 @@ mod tests {
             .filter(|s| matches!(s, Step::Create { .. }))
             .count();
         assert_eq!(creates, 4);
-        assert!(generate(
-            &GenOptions {
-                size: 17,
-                ..o.clone()
-            },
-            &mut Vec::new()
-        )
-        .is_err());
+        for size in [0, 17] {
+            let mut out = Vec::new();
+            let e = generate(&GenOptions { size, ..o.clone() }, &mut out).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("--size {size} is not a positive multiple of 16")
+            );
+            assert!(out.is_empty(), "--size {size}: nothing written");
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! negotiation, driver-side rings, session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
 //! (benchmark traces), [`raw`] (descriptor-level requests), [`soak`]
-//! (seeded soak runs), [`spawn`] (`--spawn-daemon`).
+//! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`reference`] (the
+//! cipher expected outputs come from).
 
 #![deny(missing_docs)]
 
@@ -14,6 +15,7 @@ pub mod frontend;
 pub mod gen;
 pub mod guest_mem;
 pub mod raw;
+pub mod reference;
 pub mod replay;
 pub mod soak;
 pub mod spawn;

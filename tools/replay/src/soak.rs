@@ -23,9 +23,9 @@
 //! Every completion is checked: the used element names the request's head
 //! descriptor, the request was in flight and completes only once (a ledger
 //! by sequence number; nothing may be missing at the end), the status is
-//! OK, the used length is `len + 1`, the output equals the `algorithms`
-//! crate's single-stream reference path (`AesCbcKey`, pinned by the NIST
-//! vectors), the 16 bytes after the output and the source are unchanged.
+//! OK, the used length is `len + 1`, the output equals the tool's
+//! reference cipher ([`crate::reference`], pinned by the NIST vectors), the
+//! 16 bytes after the output and the source are unchanged.
 //! Callers that want a second, independent oracle get every checked request
 //! through an observer (the CI soak, `tests/soak.rs`, checks them with
 //! OpenSSL).
@@ -33,7 +33,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use algorithms::{AesCbcKey, Direction};
+use algorithms::Direction;
 use clap::ValueEnum;
 use serde::Serialize;
 use vhost_user_crypto::request::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -329,7 +329,6 @@ impl Layout {
 struct SessSlot {
     id: u64,
     key: Zeroizing<Vec<u8>>,
-    sched: AesCbcKey,
     dir: Direction,
     /// In flight per queue.
     inflight: Vec<u32>,
@@ -419,11 +418,9 @@ impl Soak<'_, '_> {
             )));
         }
         self.report.sessions_created += 1;
-        let sched = AesCbcKey::new(&key).map_err(|e| Error::Options(e.to_string()))?;
         Ok(SessSlot {
             id: id as u64,
             key,
-            sched,
             dir,
             inflight: vec![0; self.fe.queues.len()],
             draining: false,
@@ -641,7 +638,7 @@ impl Soak<'_, '_> {
             *self
                 .report
                 .key_bits
-                .entry(self.sess[usize::from(s)].sched.key_bits())
+                .entry(self.sess[usize::from(s)].key.len() as u32 * 8)
                 .or_default() += 1;
         } else {
             self.report.stale_requests += 1;
@@ -729,11 +726,9 @@ impl Soak<'_, '_> {
             Some(s) => {
                 let ss = &self.sess[usize::from(s)];
                 self.expect[..len].copy_from_slice(&self.srcs[q][usize::from(u.slot)][..len]);
-                // Lengths are whole blocks: the reference cannot fail.
-                let _ = ss
-                    .sched
-                    .start(p.dir, &p.iv)
-                    .process_in_place(&mut self.expect[..len]);
+                // Lengths are whole blocks and keys 16, 24 or 32 bytes:
+                // the reference cannot fail.
+                let _ = crate::reference::aes_cbc(p.dir, &ss.key, &p.iv, &mut self.expect[..len]);
                 if self.got[..len] != self.expect[..len] {
                     let at = self.got[..len]
                         .iter()

@@ -12,7 +12,7 @@
 //! `"expect":{"status":"err"}` on `create_session` (a negative id is
 //! expected); and `generate` lines, which stand for `count` requests with
 //! pseudo-random IV and data from `seed`, whose expected outputs the tool
-//! computes with the `algorithms` crate's single-stream reference path:
+//! computes with the tool's reference cipher ([`crate::reference`]):
 //!
 //! ```text
 //! {"op":"generate","session":"s1","opcode":"encrypt","size":256,"count":10000,"seed":1}
@@ -30,7 +30,9 @@
 use std::collections::HashMap;
 use std::io::BufRead;
 
-use algorithms::{aes_cbc, Direction};
+use algorithms::Direction;
+
+use crate::reference::aes_cbc;
 use hmac::{Hmac, Mac as _};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
@@ -436,8 +438,9 @@ impl Rng {
 
 /// One generated chained request: random IV and message; the cipher
 /// covers `[cipher_offset, size)`, the MAC all of src (encrypt: of the
-/// output). Expected values come from `algorithms::aes_cbc` (pinned by the
-/// NIST vectors) and RustCrypto's `hmac`.
+/// output). Expected values come from the tool's reference cipher
+/// ([`crate::reference`], pinned by the NIST vectors) and RustCrypto's
+/// `hmac`.
 #[allow(clippy::too_many_arguments)]
 fn generate_chained(
     line: usize,
@@ -836,9 +839,9 @@ mod tests {
 
     #[test]
     fn generate_expands_with_reference_outputs() {
-        // The expectation for generated data comes from aes_cbc, which the
-        // algorithms crate pins to NIST SP 800-38A; here: generated count and
-        // a decrypt of the expected output gives the source back.
+        // Generated count and data, and the expected output of the first
+        // request as OpenSSL computes it (`openssl enc -aes-128-cbc -nopad
+        // -K 000102030405060708090a0b0c0d0e0f -iv <iv>` over its src).
         let t = Trace::parse(
             r#"{"op":"create_session","name":"s","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
 {"op":"generate","session":"s","opcode":"encrypt","size":64,"count":3,"seed":7}"#
@@ -848,15 +851,20 @@ mod tests {
         let Step::Requests(r) = &t.steps[1] else { panic!() };
         assert_eq!(r.len(), 3);
         assert_ne!(r[0].src, r[1].src);
-        let mut back = r[2].dst.clone().unwrap();
-        let iv: [u8; 16] = r[2].iv.clone().try_into().unwrap();
-        aes_cbc(
-            Direction::Decrypt,
-            &unhex("000102030405060708090a0b0c0d0e0f").unwrap(),
-            &iv,
-            &mut back,
-        )
-        .unwrap();
-        assert_eq!(back, r[2].src);
+        assert_eq!(hex(&r[0].iv), "0185f893369c77ec9de36d93b4eed9fe");
+        assert_eq!(
+            hex(&r[0].src),
+            concat!(
+                "0ad32b094bb09f6f5fbebb6002fb0f2666c3fa6688fe2c083f7e998ee3675f7a",
+                "afa28f381770c0d720e22234276a6d4f7be5ec6e8a45a756a9fd0cbc618cda71"
+            )
+        );
+        assert_eq!(
+            hex(r[0].dst.as_ref().unwrap()),
+            concat!(
+                "7667fb6547755ac966c742d4aee4dc48279ec1ebe901e68592acd3c03ab07c66",
+                "f458acf3396fde55a89a8382872db032035659aa18f2685c86cb91b476094d98"
+            )
+        );
     }
 }
