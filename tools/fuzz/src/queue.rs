@@ -18,8 +18,10 @@
 //!   [`crate::alloc::CountingAlloc`](super::alloc::CountingAlloc));
 //! * every well-formed request staged since the last `process` (with
 //!   nothing else disturbing it) completed with the status and used length
-//!   of the cases file, and valid ones with the output of the single-stream
-//!   reference cipher (`algorithms::aes_cbc`, pinned by NIST vectors).
+//!   of the cases file, and valid ones with the output of a reference
+//!   cipher ([`Reference`]): the fuzz target uses `algorithms`' single-stream
+//!   path ([`single_stream`], pinned by NIST vectors), the corpus replay in
+//!   `tests/fuzz_corpus.rs` OpenSSL, which shares no code with the daemon.
 
 use algorithms::Direction;
 use vhost_user_crypto::queue::{QueueWorker, RingAddrs};
@@ -594,6 +596,19 @@ struct Machine {
     /// Memory snapshots around a process call (kept for their buffers).
     before: Vec<Vec<u8>>,
     after: Vec<Vec<u8>>,
+    reference: Reference,
+}
+
+/// A reference AES-CBC for the expected outputs: direction, key (16, 24
+/// or 32 bytes), IV, data (whole blocks) encrypted or decrypted in place;
+/// false if it refuses the input.
+pub type Reference = fn(Direction, &[u8], &[u8; 16], &mut [u8]) -> bool;
+
+/// The fuzz target's [`Reference`]: `algorithms::aes_cbc`, the
+/// single-stream path (pinned by NIST SP 800-38A in `algorithms`' tests;
+/// the daemon's batches run the multi-buffer lanes).
+pub fn single_stream(direction: Direction, key: &[u8], iv: &[u8; 16], data: &mut [u8]) -> bool {
+    algorithms::aes_cbc(direction, key, iv, data).is_ok()
 }
 
 /// What `run` observed (for tests and statistics).
@@ -913,7 +928,7 @@ impl Machine {
         };
         let mut out = data.clone();
         if let (OK, Some(x)) = (status, &known) {
-            if algorithms::aes_cbc(x.1, &x.2, &iv, &mut out).is_err() {
+            if !(self.reference)(x.1, &x.2, &iv, &mut out) {
                 self.disturb();
                 return;
             }
@@ -1118,13 +1133,19 @@ impl Machine {
     }
 }
 
-/// Decodes `data` and runs it; panics when a check fails.
+/// Decodes `data` and runs it against the [`single_stream`] reference;
+/// panics when a check fails.
 pub fn run(data: &[u8]) -> Outcome {
-    run_program(&QueueProgram::decode(data))
+    run_with(data, single_stream)
 }
 
-/// Runs a decoded program.
-pub fn run_program(p: &QueueProgram) -> Outcome {
+/// [`run`] with expected outputs from `reference`.
+pub fn run_with(data: &[u8], reference: Reference) -> Outcome {
+    run_program(&QueueProgram::decode(data), reference)
+}
+
+/// Runs a decoded program, with expected outputs from `reference`.
+pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
     let mut out = Outcome::default();
     let Some((mem, ranges)) = build_memory(&p.regions) else {
         return out;
@@ -1162,6 +1183,7 @@ pub fn run_program(p: &QueueProgram) -> Outcome {
         clean: true,
         before: Vec::new(),
         after: Vec::new(),
+        reference,
     };
     m.poke(ring.avail.wrapping_add(2), &p.start_idx.to_le_bytes());
     m.poke(ring.used.wrapping_add(2), &p.start_idx.to_le_bytes());
