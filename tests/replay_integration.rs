@@ -124,8 +124,8 @@ fn several_queues() {
 #[test]
 fn generated_chained_requests_and_wrong_digests() {
     let daemon = spawn_daemon(&[]);
-    // Generated chained requests (expected values from algorithms::aes_cbc
-    // and RustCrypto hmac) in both directions, out of place and in place,
+    // Generated chained requests (expected values from the tool's reference
+    // cipher, RustCrypto cbc + aes, and RustCrypto hmac) in both directions, out of place and in place,
     // with a cipher range starting at 1500 % 16 = 12.
     let t = Trace::parse(
         r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt","mac":"hmac-sha256","auth_key":"0b0b","digest_len":16}
