@@ -23,10 +23,12 @@
 //! virtiofsd's default `--seccomp kill` and Firecracker's filters do): a
 //! worker making a syscall outside the list has either been taken over or
 //! met a bug, and the frontend sees the socket close. `open`/`openat` are
-//! the one exception, refused with `EACCES` rather than killing: glibc opens
+//! the exception, refused with `EACCES` rather than killing: glibc opens
 //! `/proc/sys/vm/overcommit_memory` the first time any thread shrinks a
 //! thread heap (`check_may_shrink_heap`, `sysdeps/unix/sysv/linux/malloc-sysdep.h`)
-//! and copes with the failure, and that first time may be in a worker.
+//! and copes with the failure, and that first time may be in a worker; so
+//! are `readlink`/`readlinkat`, which std's backtrace printer tries for a
+//! panicking worker when `RUST_BACKTRACE` is set.
 //!
 //! Filters are built with rust-vmm's `seccompiler` (the library Firecracker
 //! and Cloud Hypervisor use), for x86_64, aarch64 and riscv64; on other
@@ -46,7 +48,8 @@ pub struct Allowed {
 
 /// What the worker filter allows (in the order of docs/RELIABILITY.md).
 /// `mmap` and `mprotect` only without `PROT_EXEC`, `futex` only for the
-/// wait/wake operations; `epoll_wait` and `open` exist on x86_64 only.
+/// wait/wake operations, `fcntl` only for `F_GETFD`; `epoll_wait` and
+/// `open` exist on x86_64 only.
 pub const ALLOWED: &[Allowed] = &[
     Allowed {
         name: "read",
@@ -114,9 +117,29 @@ pub const ALLOWED: &[Allowed] = &[
         reason: "glibc blocks signals while a thread exits",
     },
     Allowed {
+        name: "rt_sigaction",
+        reason: "std's SIGSEGV/SIGBUS handler puts the default action back before it returns, so \
+                 that a fault that is not a stack overflow (guest memory truncated under the \
+                 daemon) ends the process by that signal",
+    },
+    Allowed {
         name: "rt_sigreturn",
         reason: "return from a signal handler: std's SIGSEGV/SIGBUS handler hands a fault that is \
                  not a stack overflow back to the default action this way",
+    },
+    Allowed {
+        name: "gettid",
+        reason: "std's panic message names the thread by its OS id: a panicking worker ends its \
+                 thread (and the connection), not the process",
+    },
+    Allowed {
+        name: "getcwd",
+        reason: "std's backtrace printer (RUST_BACKTRACE set) shortens paths against it",
+    },
+    Allowed {
+        name: "fcntl",
+        reason: "F_GETFD only: std checks that a descriptor is open before closing it in debug \
+                 builds (dropping a replaced guest memory map's files)",
     },
     Allowed {
         name: "exit",
@@ -128,8 +151,11 @@ pub const ALLOWED: &[Allowed] = &[
     },
 ];
 
-/// Syscalls that fail with `EACCES` instead of killing the process.
-pub const REFUSED: &[&str] = &["open", "openat"];
+/// Syscalls that fail with `EACCES` instead of killing the process:
+/// glibc's `open`s (see the module docs), and the `readlink` of
+/// `/proc/self/exe` that std's backtrace printer tries (`RUST_BACKTRACE`
+/// set, a panicking worker), which then prints no symbols.
+pub const REFUSED: &[&str] = &["open", "openat", "readlink", "readlinkat"];
 
 /// Why the filter could not be built or installed.
 #[derive(Debug)]
@@ -197,12 +223,19 @@ mod imp {
             "close" => libc::SYS_close,
             "sigaltstack" => libc::SYS_sigaltstack,
             "rt_sigprocmask" => libc::SYS_rt_sigprocmask,
+            "rt_sigaction" => libc::SYS_rt_sigaction,
             "rt_sigreturn" => libc::SYS_rt_sigreturn,
+            "gettid" => libc::SYS_gettid,
+            "getcwd" => libc::SYS_getcwd,
+            "fcntl" => libc::SYS_fcntl,
             "exit" => libc::SYS_exit,
             "restart_syscall" => libc::SYS_restart_syscall,
             #[cfg(target_arch = "x86_64")]
             "open" => libc::SYS_open,
             "openat" => libc::SYS_openat,
+            #[cfg(target_arch = "x86_64")]
+            "readlink" => libc::SYS_readlink,
+            "readlinkat" => libc::SYS_readlinkat,
             _ => return None,
         })
     }
@@ -212,6 +245,8 @@ mod imp {
         match name {
             // prot (argument 2) without PROT_EXEC.
             "mmap" | "mprotect" => Ok(vec![masked(2, libc::PROT_EXEC as u64, 0)?]),
+            // The command (argument 1) F_GETFD only.
+            "fcntl" => Ok(vec![masked(1, u64::from(u32::MAX), libc::F_GETFD as u64)?]),
             // The operation (argument 1) without the flags the kernel masks
             // off too (FUTEX_CMD_MASK, kernel/futex/syscalls.c).
             "futex" => {
