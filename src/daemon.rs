@@ -10,7 +10,10 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
 use vhost::vhost_user::Listener;
@@ -18,7 +21,7 @@ use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::backend::CryptoBackend;
-use crate::frontend_proxy::{self, AbiChoice, ProxyConfig};
+use crate::frontend_proxy::{self, AbiChoice, EventFdCopies, ProxyConfig};
 use crate::request::{GuestMemory_, RequestLimits};
 use crate::seccomp::WorkerFilter;
 use crate::sessions::session_set;
@@ -156,7 +159,8 @@ pub fn serve_stream(
         num_queues: config.queues,
         require_sealed_memory: config.require_sealed_memory,
     };
-    match frontend_proxy::run(frontend, ours, registry, proxy) {
+    let mut copies = EventFdCopies::default();
+    match frontend_proxy::run(frontend, ours, registry, proxy, &mut copies) {
         Ok(()) => debug!("frontend connection closed cleanly"),
         Err(e) => warn!("frontend connection ended: {e}"),
     }
@@ -164,20 +168,83 @@ pub fn serve_stream(
     // rings busy (else they would never go back to the library's event
     // loop, and dropping the daemon below would wait for them forever).
     backend.disconnect();
-    if let Err(e) = daemon.wait() {
-        debug!("vhost-user handler ended: {e}");
-    }
+    // The library's threads are joined on a thread of their own, so that
+    // this one can wake a worker blocked on an eventfd and give up after
+    // a while (see `await_teardown`).
+    let (done, finished) = mpsc::channel();
+    let reaper = thread::Builder::new()
+        .name("vuc-teardown".into())
+        .spawn(move || {
+            if let Err(e) = daemon.wait() {
+                debug!("vhost-user handler ended: {e}");
+            }
+            // Dropping the daemon joins the queue worker threads.
+            drop(daemon);
+            let _ = done.send(());
+        })
+        .map_err(|e| be(&e))?;
+    await_teardown(&finished, copies);
+    let _ = reaper.join();
     info!("completed requests per queue: {:?}", backend.completed());
     let failed = backend.signal_failures();
     if failed > 0 {
         warn!("{failed} used-buffer notifications could not be signalled on this connection");
     }
-    // Dropping the daemon joins the queue worker threads; dropping the
-    // backend (last reference) drops the session tables, zeroizing keys.
-    drop(daemon);
-    // SAFETY: the daemon is dropped, so its worker threads are joined.
+    // SAFETY: the daemon is dropped (the reaper sent `done` after dropping
+    // it, or ended), so its worker threads are joined. Dropping the backend
+    // (last reference) then drops the session tables, zeroizing keys.
     unsafe { backend.close_handed_out_fds() };
     Ok(())
+}
+
+/// How long a connection's teardown may take before the daemon starts
+/// waking workers blocked on the frontend's eventfds.
+const TEARDOWN_GRACE: Duration = Duration::from_millis(100);
+/// How long it may take in all before the daemon gives up and exits
+/// ([`TEARDOWN_STUCK_EXIT`]).
+pub const TEARDOWN_LIMIT: Duration = Duration::from_secs(10);
+/// Exit status of the daemon when a connection could not be torn down
+/// within [`TEARDOWN_LIMIT`].
+pub const TEARDOWN_STUCK_EXIT: i32 = 3;
+
+/// Waits until `finished` says the connection's threads are joined. After
+/// [`TEARDOWN_GRACE`] a thread of its own calls
+/// [`EventFdCopies::wake_workers`] every 20 ms, for a worker blocked on an
+/// eventfd whose `O_NONBLOCK` the frontend cleared. After
+/// [`TEARDOWN_LIMIT`] the process exits with [`TEARDOWN_STUCK_EXIT`]
+/// (logged): waiting on would leave the daemon serving nobody, while an
+/// exit lets a supervisor start it again.
+fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies) {
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut copies = Some(copies);
+    while let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_millis(20)) {
+        if start.elapsed() >= TEARDOWN_LIMIT {
+            error!(
+                "the connection could not be torn down in {TEARDOWN_LIMIT:?}: a queue worker stays \
+                 blocked on an eventfd the frontend controls; exiting (status {TEARDOWN_STUCK_EXIT})"
+            );
+            std::process::exit(TEARDOWN_STUCK_EXIT);
+        }
+        if start.elapsed() >= TEARDOWN_GRACE {
+            if let Some(copies) = copies.take() {
+                warn!("tearing the connection down takes long: waking queue workers blocked on eventfds");
+                let stop = stop.clone();
+                // Not joined: a frontend that races the kick write could
+                // keep it blocked (see `wake_workers`).
+                let spawned = thread::Builder::new().name("vuc-wake".into()).spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        copies.wake_workers();
+                        thread::sleep(Duration::from_millis(20));
+                    }
+                });
+                if let Err(e) = spawned {
+                    warn!("cannot start the thread that wakes blocked workers: {e}");
+                }
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
 }
 
 /// Installs the daemon's logger (env_logger): the level from `RUST_LOG`

@@ -203,6 +203,7 @@ pub fn run(
     backend: UnixStream,
     mut registry: SessionRegistry,
     config: ProxyConfig,
+    copies: &mut EventFdCopies,
 ) -> io::Result<()> {
     let frontend_w = Arc::new(Mutex::new(frontend.try_clone()?));
     let backend_r = backend.try_clone()?;
@@ -229,7 +230,15 @@ pub fn run(
         let _ = backend_r.shutdown(Shutdown::Both);
     })?;
 
-    let result = pump_requests(&frontend, &backend, &frontend_w, &owed, &mut registry, config);
+    let result = pump_requests(
+        &frontend,
+        &backend,
+        &frontend_w,
+        &owed,
+        &mut registry,
+        config,
+        copies,
+    );
     let _ = backend.shutdown(Shutdown::Both);
     let _ = frontend.shutdown(Shutdown::Both);
     let _ = replies.join();
@@ -317,6 +326,7 @@ fn pump_requests(
     owed: &Owed,
     registry: &mut SessionRegistry,
     config: ProxyConfig,
+    copies: &mut EventFdCopies,
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
     let mut acked_protocol: u64 = 0;
@@ -386,6 +396,13 @@ fn pump_requests(
                 ) {
                     for file in &msg.fds {
                         check_ring_eventfd(request, file)?;
+                    }
+                    if let ([file], Some(word)) = (&msg.fds[..], msg.payload.get(..8)) {
+                        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+                        let index = (word & VHOST_USER_VRING_IDX_MASK) as usize;
+                        if index < config.num_queues {
+                            copies.keep(request, index, file)?;
+                        }
                     }
                 }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
@@ -604,6 +621,78 @@ pub fn check_ring_eventfd(request: u32, file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Copies (`dup`s) of the kick and call eventfds the frontend gave each
+/// data ring, the latest of each, kept for tearing the connection down.
+///
+/// [`check_ring_eventfd`] makes those eventfds non-blocking, but the flag
+/// lives on the open file, which the frontend shares and can clear again.
+/// A worker can then be blocked for good in vhost-user-backend's 8-byte
+/// kick read (the frontend read the counter first, or gave two rings one
+/// kick eventfd) or in the call write (the frontend filled the counter),
+/// and the daemon, which joins the workers when the connection ends, would
+/// wait for it forever. [`EventFdCopies::wake_workers`] lets such a worker
+/// go on.
+#[derive(Debug, Default)]
+pub struct EventFdCopies {
+    kick: Vec<Option<File>>,
+    call: Vec<Option<File>>,
+}
+
+impl EventFdCopies {
+    /// Keeps a copy of `file`, the eventfd of `SET_VRING_KICK` or
+    /// `SET_VRING_CALL` (`request`; others are ignored) for ring `index`,
+    /// in place of the one before.
+    ///
+    /// # Errors
+    /// `dup` failed.
+    fn keep(&mut self, request: u32, index: usize, file: &File) -> io::Result<()> {
+        let list = match request {
+            VHOST_USER_SET_VRING_KICK => &mut self.kick,
+            VHOST_USER_SET_VRING_CALL => &mut self.call,
+            _ => return Ok(()),
+        };
+        if list.len() <= index {
+            list.resize_with(index + 1, || None);
+        }
+        list[index] = Some(file.try_clone()?);
+        Ok(())
+    }
+
+    /// Wakes a worker blocked on one of the eventfds: empties each call
+    /// eventfd without waiting (`preadv2` with `RWF_NOWAIT`, which does not
+    /// depend on `O_NONBLOCK`), so a worker blocked writing it goes on, and
+    /// adds 1 to each kick eventfd that is empty, so a worker blocked
+    /// reading it goes on. Meant for the end of a connection, when the
+    /// workers no longer serve the rings; call it on a thread of its own:
+    /// a frontend that fills a kick eventfd between the check and the write
+    /// would block the write until a worker reads it.
+    pub fn wake_workers(&self) {
+        for call in self.call.iter().flatten() {
+            let mut buf = [0u8; 8];
+            let iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            // SAFETY: preadv2 into one 8-byte buffer of ours, at the
+            // current position (-1); RWF_NOWAIT: EAGAIN instead of waiting
+            // when the counter is 0. The result does not matter.
+            unsafe { libc::preadv2(call.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+        }
+        for kick in self.kick.iter().flatten() {
+            let mut p = libc::pollfd {
+                fd: kick.as_raw_fd(),
+                events: libc::POLLIN | libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: poll(2) on one pollfd of ours, without waiting.
+            let ready = unsafe { libc::poll(&mut p, 1, 0) };
+            if ready == 1 && p.revents & libc::POLLIN == 0 && p.revents & libc::POLLOUT != 0 {
+                let _ = (&*kick).write(&1u64.to_ne_bytes());
+            }
+        }
+    }
+}
+
 /// What the frontend has set up for one data ring since it was last stopped.
 #[derive(Debug, Clone, Copy, Default)]
 struct RingSetup {
@@ -757,7 +846,15 @@ mod tests {
             num_queues: 1,
             require_sealed_memory: false,
         };
-        let thread = Some(thread::spawn(move || run(front_peer, lib_peer, registry, config)));
+        let thread = Some(thread::spawn(move || {
+            run(
+                front_peer,
+                lib_peer,
+                registry,
+                config,
+                &mut EventFdCopies::default(),
+            )
+        }));
         Rig { front, lib, thread }
     }
 

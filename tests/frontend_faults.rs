@@ -2122,6 +2122,127 @@ fn kick_and_call_eventfds_are_made_non_blocking() {
     assert_nist(&daemon.sock, "a call eventfd that cannot be written");
 }
 
+/// The syscall each `vring_worker` thread of process `pid` is in (the
+/// first field of /proc/PID/task/TID/syscall: a number, or "running").
+fn vring_worker_syscalls(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "vring_worker" {
+            let sc = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+            out.push(sc.split_whitespace().next().unwrap_or("").to_string());
+        }
+    }
+    out
+}
+
+/// Waits until a `vring_worker` of `pid` sits in syscall `nr` (read 0,
+/// write 1 on x86_64) twice 20 ms apart, calling `poke` before each look.
+fn until_a_worker_blocks_in(pid: u32, nr: &str, mut poke: impl FnMut()) {
+    let start = Instant::now();
+    loop {
+        poke();
+        std::thread::sleep(Duration::from_millis(2));
+        if vring_worker_syscalls(pid).iter().any(|s| s == nr) {
+            std::thread::sleep(Duration::from_millis(20));
+            if vring_worker_syscalls(pid).iter().any(|s| s == nr) {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no worker blocked in syscall {nr}: {:?}",
+            vring_worker_syscalls(pid)
+        );
+    }
+}
+
+/// The frontend clears the `O_NONBLOCK` the daemon set on its call eventfd
+/// (the flag is on the open file they share) and fills the counter: the
+/// worker's used-buffer notification blocks in `write`. Found by two fresh
+/// reviewers: tearing the connection down joined that worker forever, so
+/// no later frontend was served. Now the daemon empties the call eventfd
+/// through its own copy at teardown: the worker goes on, the next frontend
+/// gets NIST F.2.1 right.
+#[test]
+fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    let p = c.reply(CREATE_CRYPTO_SESSION);
+    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
+    call.write(u64::MAX - 1).unwrap();
+    let flags = status_flags(call.as_raw_fd());
+    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor we own.
+    let r = unsafe { libc::fcntl(call.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    assert_eq!(r, 0);
+    submit_raw_nist(&mem, &kick, sid as u64, 1);
+    until_a_worker_blocks_in(daemon.pid(), "1", || {});
+    // The request was completed before the notification blocked.
+    let (id, len, status, dst) = raw_nist_result(&mem, 1);
+    assert_eq!((id, len, status, dst), (0, 65, ST_OK, hex(NIST_CT)));
+    drop(c);
+    daemon.assert_alive("a worker blocked writing the call eventfd");
+    assert_nist(&daemon.sock, "a worker blocked writing the call eventfd");
+    assert!(
+        daemon
+            .log_tail(8000)
+            .contains("waking queue workers blocked on eventfds"),
+        "{}",
+        daemon.log_tail(8000)
+    );
+}
+
+/// The frontend gives two rings one kick eventfd and clears its
+/// `O_NONBLOCK`: both workers wake for a kick, one takes the count, and the
+/// other blocks in vhost-user-backend's 8-byte read (found by a fresh
+/// reviewer; the daemon then never served another frontend). Now the
+/// daemon adds 1 to the empty kick eventfd through its own copy at
+/// teardown: the worker goes on, the next frontend is served.
+#[test]
+fn a_frontend_clearing_o_nonblock_on_a_shared_kick_eventfd_cannot_wedge_the_daemon() {
+    let mut daemon = Daemon::spawn(&["--queues", "2"]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call1 = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    // Ring 1 at 640 KiB, with ring 0's kick eventfd.
+    let addr = vring_addr(1, UADDR + 0xA0000, UADDR + 0xA2000, UADDR + 0xA1000);
+    for (req, payload, fds) in [
+        (SET_VRING_NUM, vring_state(1, 256), vec![]),
+        (SET_VRING_BASE, vring_state(1, 0), vec![]),
+        (SET_VRING_ADDR, addr, vec![]),
+        (
+            SET_VRING_KICK,
+            1u64.to_le_bytes().to_vec(),
+            vec![kick.as_raw_fd()],
+        ),
+        (
+            SET_VRING_CALL,
+            1u64.to_le_bytes().to_vec(),
+            vec![call1.as_raw_fd()],
+        ),
+    ] {
+        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
+        assert_eq!(c.reply_u64(req), 0, "request {req}");
+    }
+    let flags = status_flags(kick.as_raw_fd());
+    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor we own.
+    let r = unsafe { libc::fcntl(kick.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    assert_eq!(r, 0);
+    until_a_worker_blocks_in(daemon.pid(), "0", || kick.write(1).unwrap());
+    drop(c);
+    daemon.assert_alive("a worker blocked reading a shared kick eventfd");
+    assert_nist(&daemon.sock, "a worker blocked reading a shared kick eventfd");
+}
+
 /// H10 against the daemon binary, with its log in colour and not: the
 /// guest moves the avail index 1,000 past the last one on a 256-entry
 /// ring and kicks. The queue worker stops the ring and logs "data queue
