@@ -66,6 +66,9 @@ pub enum Error {
     /// The seccomp filter cannot be built or installed here.
     #[error("seccomp: {0} (--seccomp off runs without it)")]
     Seccomp(#[from] crate::seccomp::Error),
+    /// The frontend's eventfds cannot be checked here (no /proc).
+    #[error("cannot check the frontend's eventfds: {0}")]
+    EventFdCheck(io::Error),
 }
 
 /// Binds the frontend socket, replacing a stale socket file and refusing
@@ -287,6 +290,7 @@ pub fn init_logging() {
 /// # Errors
 /// The seccomp filter does not work here, or binding the socket failed.
 pub fn run(config: &Config) -> Result<(), Error> {
+    frontend_proxy::probe_eventfd_check().map_err(Error::EventFdCheck)?;
     let filter = if config.seccomp {
         let f = WorkerFilter::new()?;
         f.probe()?;

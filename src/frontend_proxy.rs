@@ -621,6 +621,29 @@ pub fn check_ring_eventfd(request: u32, file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// Checks that [`check_ring_eventfd`] works here, on an eventfd of its
+/// own, so that a daemon that cannot tell eventfds apart (no `/proc`)
+/// fails at start-up instead of refusing every frontend.
+///
+/// # Errors
+/// Creating the eventfd failed, or the check refused it (the error says
+/// why, e.g. `/proc/self/fd` missing).
+pub fn probe_eventfd_check() -> io::Result<()> {
+    // SAFETY: eventfd(2) with a count and flags; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let file = unsafe { File::from_raw_fd(fd) };
+    check_ring_eventfd(VHOST_USER_SET_VRING_KICK, &file).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("{e} (the daemon needs /proc mounted to tell eventfds from other descriptors)"),
+        )
+    })
+}
+
 /// Copies (`dup`s) of the kick and call eventfds the frontend gave each
 /// data ring, the latest of each, kept for tearing the connection down.
 ///

@@ -260,3 +260,41 @@ fn ring_restarted_with_kicks_suppressed_is_not_stalled() {
     let (st, _, dst) = run_one(&mut fe, 0, e, &hex(PT));
     assert_eq!((st, dst), (0, hex(CT)));
 }
+
+/// Without /proc the daemon cannot tell an eventfd from a pipe (see
+/// `frontend_proxy::check_ring_eventfd`): it says so and exits with status
+/// 1 at start-up, instead of listening and then dropping every frontend at
+/// its first SET_VRING_KICK (found by a fresh reviewer). Needs a private
+/// mount namespace (`unshare -m`, root); skipped, with a note, where that
+/// is not allowed.
+#[test]
+fn without_proc_the_daemon_stops_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("crypto.sock");
+    let script = format!(
+        // (timeout: a daemon that starts anyway is stopped, status 124.)
+        "umount -l /proc && exec timeout 10 {} --socket-path {}",
+        env!("CARGO_BIN_EXE_vhost-user-crypto"),
+        sock.display()
+    );
+    let probe = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "true"])
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("unshare -m is not allowed here: test skipped");
+        return;
+    }
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("vhost-user-crypto: cannot check the frontend's eventfds")
+            && stderr.contains("needs /proc mounted"),
+        "{stderr}"
+    );
+    assert!(!sock.exists(), "it did not bind the socket");
+}
