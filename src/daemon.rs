@@ -252,9 +252,10 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies) {
 
 /// Installs the daemon's logger (env_logger): the level from `RUST_LOG`
 /// (default `info`); colour from `RUST_LOG_STYLE` (`always`, `never`),
-/// else off when `NO_COLOR` is set, on when `CLICOLOR_FORCE` is set (not
-/// `0`), else on when stderr is a terminal and `TERM` is not `dumb`,
-/// decided here, once.
+/// else off when `NO_COLOR` is set or `CLICOLOR` is `0`, on when
+/// `CLICOLOR_FORCE` is set (not `0`), else on when stderr is a terminal
+/// and `TERM` is not `dumb`, decided here, once (the conventions anstream
+/// follows, which env_logger used before).
 ///
 /// Queue workers log from threads under the seccomp filter
 /// ([`crate::seccomp`]), which does not allow `ioctl`. env_logger's
@@ -271,6 +272,7 @@ pub fn init_logging() {
         Ok("always") => true,
         Ok("never") => false,
         _ if var("NO_COLOR").is_some() => false,
+        _ if var("CLICOLOR").is_some_and(|v| v == "0") => false,
         _ if var("CLICOLOR_FORCE").is_some_and(|v| v != "0") => true,
         _ => std::io::stderr().is_terminal() && var("TERM").is_some_and(|t| t != "dumb"),
     };

@@ -574,7 +574,9 @@ pub fn seal_against_shrinking(file: &File) -> ShrinkSeal {
 ///   write fail with `EAGAIN` instead (counted, see
 ///   [`crate::backend::CryptoBackend::signal_failures`]). The flag is on
 ///   the open file, shared with the frontend; QEMU opens its eventfds
-///   with `EFD_NONBLOCK` anyway (`event_notifier_init`).
+///   with `EFD_NONBLOCK` anyway (`event_notifier_init`). A frontend can
+///   clear it again; then a worker can block after all, and the daemon
+///   lets it go on when the connection ends ([`EventFdCopies`]).
 ///
 /// What a descriptor is comes from `/proc/self/fd/N`
 /// (`anon_inode:[eventfd]`); without `/proc` nothing is accepted.

@@ -2286,15 +2286,27 @@ fn h10_logged_by_a_filtered_worker_in_colour_does_not_kill_the_daemon() {
         });
         (s, out)
     };
-    /// What is tried, the daemon's extra environment, stderr on a terminal.
-    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool);
-    let cases: [Case; 4] = [
-        ("stderr a file", &[], false),
-        ("RUST_LOG_STYLE=always", &[("RUST_LOG_STYLE", "always")], false),
-        ("CLICOLOR_FORCE=1", &[("CLICOLOR_FORCE", "1")], false),
-        ("stderr a terminal", &[("TERM", "xterm-256color")], true),
+    /// What is tried, the daemon's extra environment, stderr on a
+    /// terminal, colour expected.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, bool);
+    let cases: [Case; 5] = [
+        ("stderr a file", &[], false, false),
+        (
+            "RUST_LOG_STYLE=always",
+            &[("RUST_LOG_STYLE", "always")],
+            false,
+            true,
+        ),
+        ("CLICOLOR_FORCE=1", &[("CLICOLOR_FORCE", "1")], false, true),
+        ("stderr a terminal", &[("TERM", "xterm-256color")], true, true),
+        (
+            "stderr a terminal, CLICOLOR=0",
+            &[("TERM", "xterm-256color"), ("CLICOLOR", "0")],
+            true,
+            false,
+        ),
     ];
-    for (what, env, on_terminal) in cases {
+    for (what, env, on_terminal, colour) in cases {
         let (stderr, log): (File, Box<dyn Fn() -> String>) = if on_terminal {
             let (s, out) = terminal();
             (
@@ -2350,7 +2362,7 @@ fn h10_logged_by_a_filtered_worker_in_colour_does_not_kill_the_daemon() {
         );
         assert_eq!(
             seen.contains("\x1b["),
-            what != "stderr a file",
+            colour,
             "{what}: in colour or not:\n{seen}"
         );
         assert!(d.child.try_wait().unwrap().is_none(), "{what}: daemon died");

@@ -49,13 +49,14 @@ pub fn spawn_daemon_logged(extra: &[&str], rust_log: &str) -> Daemon {
 }
 
 /// Like [`spawn_daemon`] with RUST_LOG=`rust_log`, the log styling
-/// variables (`RUST_LOG_STYLE`, `CLICOLOR_FORCE`, `NO_COLOR`) removed and
+/// variables (`RUST_LOG_STYLE`, `CLICOLOR`, `CLICOLOR_FORCE`, `NO_COLOR`) removed and
 /// then `env` set, and stderr going to `stderr`; stdin and stdout are
 /// /dev/null. ([`Daemon::log`] is not available.)
 pub fn spawn_daemon_env(extra: &[&str], rust_log: &str, env: &[(&str, &str)], stderr: Stdio) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = command(&dir, extra, rust_log);
     cmd.env_remove("RUST_LOG_STYLE")
+        .env_remove("CLICOLOR")
         .env_remove("CLICOLOR_FORCE")
         .env_remove("NO_COLOR")
         .envs(env.iter().copied())

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vhost-crypto-replay gen`: benchmark traces whose expected outputs come
 //! from the tool's reference cipher ([`crate::reference`]: RustCrypto's
-//! `cbc` and `aes` crates, pinned by NIST SP 800-38A vectors, sharing no
-//! code with the daemon's `algorithms` crate), never from a backend.
+//! `cbc` and `aes` crates, pinned by NIST SP 800-38A vectors, not through
+//! the daemon's `algorithms` crate), never from a backend.
 
 use std::io::{self, Write};
 

@@ -42,8 +42,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Write a benchmark trace whose expected outputs come from the
-    /// algorithms crate's single-stream reference path.
+    /// Write a benchmark trace whose expected outputs come from the tool's
+    /// reference cipher (RustCrypto cbc + aes).
     Gen(GenArgs),
     /// Run COUNT requests generated on the fly from a seed (mixed sizes,
     /// encrypt and decrypt, several sessions rekeyed during the run, all

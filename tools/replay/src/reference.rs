@@ -3,10 +3,13 @@
 //! `generate` step and its chained requests): AES-CBC straight from
 //! RustCrypto's `cbc` and `aes` crates.
 //!
-//! It shares no code with the daemon's `algorithms` crate (its key
+//! It does not go through the daemon's `algorithms` crate (its key
 //! handling, CBC streams and multi-buffer lanes), so a fault there shows as
-//! a mismatch instead of being built into the expectation. Pinned here by
-//! NIST SP 800-38A F.2.1–F.2.6.
+//! a mismatch instead of being built into the expectation. It does use the
+//! same `aes` and `cbc` crates as `algorithms`' single-stream path: a fault
+//! in those is caught by the tests that take OpenSSL or the NIST and
+//! Wycheproof vectors as the oracle, not by this. Pinned here by NIST SP
+//! 800-38A F.2.1–F.2.6.
 
 use algorithms::Direction;
 use cbc::cipher::block_padding::NoPadding;
