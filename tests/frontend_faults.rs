@@ -1905,23 +1905,24 @@ fn raw_nist_result(mem: &File, n: u16) -> (u32, u32, u8, Vec<u8>) {
 /// message is acked with 0.
 fn raw_ring(c: &Conn, mem: &File, kick: &EventFd, call: &EventFd) {
     let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    // Ring at 512 KiB: descriptors, avail ring at +4 KiB, used ring at +8 KiB.
-    let addr = vring_addr(0, UADDR + RAW_DESC, UADDR + RAW_USED, UADDR + RAW_AVAIL);
+    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
+        .unwrap();
+    assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
+    raw_ring_at(c, 0, RAW_DESC, kick, call);
+}
+
+/// Sets up data ring `index` of 256 entries at guest address `at`
+/// (descriptors; avail ring at +4 KiB, used ring at +8 KiB) with `kick` and
+/// `call`; every message is acked with 0.
+fn raw_ring_at(c: &Conn, index: u32, at: u64, kick: &EventFd, call: &EventFd) {
+    let addr = vring_addr(index, UADDR + at, UADDR + at + 0x2000, UADDR + at + 0x1000);
+    let fd_message = u64::from(index).to_le_bytes().to_vec();
     for (req, payload, fds) in [
-        (SET_MEM_TABLE, table, vec![mem.as_raw_fd()]),
-        (SET_VRING_NUM, vring_state(0, 256), vec![]),
-        (SET_VRING_BASE, vring_state(0, 0), vec![]),
+        (SET_VRING_NUM, vring_state(index, 256), vec![]),
+        (SET_VRING_BASE, vring_state(index, 0), vec![]),
         (SET_VRING_ADDR, addr, vec![]),
-        (
-            SET_VRING_KICK,
-            0u64.to_le_bytes().to_vec(),
-            vec![kick.as_raw_fd()],
-        ),
-        (
-            SET_VRING_CALL,
-            0u64.to_le_bytes().to_vec(),
-            vec![call.as_raw_fd()],
-        ),
+        (SET_VRING_KICK, fd_message.clone(), vec![kick.as_raw_fd()]),
+        (SET_VRING_CALL, fd_message, vec![call.as_raw_fd()]),
     ] {
         c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
         assert_eq!(c.reply_u64(req), 0, "request {req}");
@@ -1982,6 +1983,15 @@ fn pipe() -> (File, File) {
     assert_eq!(r, 0, "pipe: {}", io::Error::last_os_error());
     // SAFETY: two fresh descriptors we own.
     unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) }
+}
+
+/// Clears `O_NONBLOCK` on a descriptor (on its open file, which the
+/// daemon shares when the descriptor was sent to it).
+fn clear_nonblock(fd: RawFd) {
+    let flags = status_flags(fd);
+    // SAFETY: fcntl(F_SETFL) with an int argument; touches no memory.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    assert_eq!(r, 0, "F_SETFL: {}", io::Error::last_os_error());
 }
 
 /// A descriptor's status flags (`fcntl(F_GETFL)`).
@@ -2119,6 +2129,13 @@ fn kick_and_call_eventfds_are_made_non_blocking() {
     );
     drop(c);
     daemon.assert_alive("a call eventfd that cannot be written");
+    assert!(
+        daemon
+            .log_tail(1 << 20)
+            .contains("3 used-buffer notifications could not be signalled on this connection"),
+        "the failures are counted at the end of the connection:\n{}",
+        daemon.log_tail(8000)
+    );
     assert_nist(&daemon.sock, "a call eventfd that cannot be written");
 }
 
@@ -2177,10 +2194,7 @@ fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() 
     let p = c.reply(CREATE_CRYPTO_SESSION);
     let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
     call.write(u64::MAX - 1).unwrap();
-    let flags = status_flags(call.as_raw_fd());
-    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor we own.
-    let r = unsafe { libc::fcntl(call.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
-    assert_eq!(r, 0);
+    clear_nonblock(call.as_raw_fd());
     submit_raw_nist(&mem, &kick, sid as u64, 1);
     until_a_worker_blocks_in(daemon.pid(), "1", || {});
     // The request was completed before the notification blocked.
@@ -2214,29 +2228,8 @@ fn a_frontend_clearing_o_nonblock_on_a_shared_kick_eventfd_cannot_wedge_the_daem
     let call1 = EventFd::new(EFD_NONBLOCK).unwrap();
     raw_ring(&c, &mem, &kick, &call);
     // Ring 1 at 640 KiB, with ring 0's kick eventfd.
-    let addr = vring_addr(1, UADDR + 0xA0000, UADDR + 0xA2000, UADDR + 0xA1000);
-    for (req, payload, fds) in [
-        (SET_VRING_NUM, vring_state(1, 256), vec![]),
-        (SET_VRING_BASE, vring_state(1, 0), vec![]),
-        (SET_VRING_ADDR, addr, vec![]),
-        (
-            SET_VRING_KICK,
-            1u64.to_le_bytes().to_vec(),
-            vec![kick.as_raw_fd()],
-        ),
-        (
-            SET_VRING_CALL,
-            1u64.to_le_bytes().to_vec(),
-            vec![call1.as_raw_fd()],
-        ),
-    ] {
-        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
-        assert_eq!(c.reply_u64(req), 0, "request {req}");
-    }
-    let flags = status_flags(kick.as_raw_fd());
-    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor we own.
-    let r = unsafe { libc::fcntl(kick.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) };
-    assert_eq!(r, 0);
+    raw_ring_at(&c, 1, 0xA0000, &kick, &call1);
+    clear_nonblock(kick.as_raw_fd());
     until_a_worker_blocks_in(daemon.pid(), "0", || kick.write(1).unwrap());
     drop(c);
     daemon.assert_alive("a worker blocked reading a shared kick eventfd");

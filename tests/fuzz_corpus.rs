@@ -21,33 +21,21 @@ use std::path::{Path, PathBuf};
 use algorithms::Direction;
 use harness::alloc::CountingAlloc;
 use harness::{queue, seeds, session};
-use openssl::symm::{Cipher, Crypter, Mode};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
-/// OpenSSL's AES-CBC (no padding) as the `queue` harness's reference.
+/// The in-process test harness; only its OpenSSL oracle is used here.
+mod common;
+
+/// OpenSSL's AES-CBC (no padding, [`common::oracle`]) as the `queue`
+/// harness's reference.
 fn openssl_reference(direction: Direction, key: &[u8], iv: &[u8; 16], data: &mut [u8]) -> bool {
-    let cipher = match key.len() {
-        16 => Cipher::aes_128_cbc(),
-        24 => Cipher::aes_192_cbc(),
-        32 => Cipher::aes_256_cbc(),
-        _ => return false,
-    };
-    if data.len() % 16 != 0 {
+    if !matches!(key.len(), 16 | 24 | 32) || data.len() % 16 != 0 {
         return false;
     }
-    let mode = match direction {
-        Direction::Encrypt => Mode::Encrypt,
-        Direction::Decrypt => Mode::Decrypt,
-    };
-    let mut c = Crypter::new(cipher, mode, key, Some(iv)).expect("OpenSSL AES-CBC");
-    c.pad(false);
-    let mut out = vec![0u8; data.len() + 16];
-    let n = c.update(data, &mut out).expect("OpenSSL update");
-    let m = c.finalize(&mut out[n..]).expect("OpenSSL finalize");
-    assert_eq!(n + m, data.len());
-    data.copy_from_slice(&out[..data.len()]);
+    let out = common::oracle(direction == Direction::Encrypt, key, iv, data);
+    data.copy_from_slice(&out);
     true
 }
 
