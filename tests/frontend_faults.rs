@@ -1883,6 +1883,30 @@ fn submit_raw_nist(mem: &File, kick: &EventFd, sid: u64, n: u16) {
     kick.write(1).unwrap();
 }
 
+/// Creates the NIST F.2.1 encrypt session (AES-128, layout C) on a raw
+/// connection; its id, which is 1 on a fresh connection.
+#[track_caller]
+fn create_nist_session(c: &Conn) -> u64 {
+    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
+        .unwrap();
+    let p = c.reply(CREATE_CRYPTO_SESSION);
+    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
+    assert_eq!(sid, 1, "session id");
+    sid as u64
+}
+
+/// Request `n` of [`submit_raw_nist`] completed as NIST F.2.1 says: head 0,
+/// used length 65, status OK, the F.2.1 ciphertext.
+#[track_caller]
+fn assert_raw_nist_ok(n: u16, (id, len, status, dst): (u32, u32, u8, Vec<u8>)) {
+    assert_eq!(
+        (id, len, status),
+        (0, 65, ST_OK),
+        "request {n}: used id, used length, status"
+    );
+    assert_eq!(dst, hex(NIST_CT), "request {n}: F.2.1 ciphertext");
+}
+
 /// The `n`th completion of [`submit_raw_nist`]'s requests: (used id, used
 /// length, status, dst). Checks that `used.idx` is `n`.
 fn raw_nist_result(mem: &File, n: u16) -> (u32, u32, u8, Vec<u8>) {
@@ -1955,19 +1979,9 @@ fn memory_file_truncated_after_mem_table() {
     assert_eq!(mem.metadata().unwrap().len(), MEM_SIZE);
 
     // The ring (512 KiB, past the 64 KiB the frontend asked for) still works.
-    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
-        .unwrap();
-    let p = c.reply(CREATE_CRYPTO_SESSION);
-    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
-    assert_eq!(sid, 1, "session id");
+    let sid = create_nist_session(&c);
     for n in 1..=3u16 {
-        let (id, len, status, dst) = raw_nist_request(&mem, &kick, &call, sid as u64, n);
-        assert_eq!(
-            (id, len, status),
-            (0, 65, ST_OK),
-            "request {n}: used id, used length, status"
-        );
-        assert_eq!(dst, hex(NIST_CT), "request {n}: F.2.1 ciphertext");
+        assert_raw_nist_ok(n, raw_nist_request(&mem, &kick, &call, sid, n));
     }
     assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0, "still served");
     drop(c);
@@ -2092,30 +2106,20 @@ fn kick_and_call_eventfds_are_made_non_blocking() {
             "{what} eventfd is non-blocking"
         );
     }
-    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
-        .unwrap();
-    let p = c.reply(CREATE_CRYPTO_SESSION);
-    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
-    assert_eq!(sid, 1, "session id");
+    let sid = create_nist_session(&c);
     call.write(u64::MAX - 1).unwrap();
     let log_before = daemon
         .log_tail(1 << 20)
         .matches("signalling the call eventfd failed")
         .count();
     for n in 1..=3u16 {
-        submit_raw_nist(&mem, &kick, sid as u64, n);
+        submit_raw_nist(&mem, &kick, sid, n);
         let start = Instant::now();
         while ring0_used_u16(&mem, 2) != n {
             assert!(start.elapsed() < TIMEOUT, "request {n} not completed");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let (id, len, status, dst) = raw_nist_result(&mem, n);
-        assert_eq!(
-            (id, len, status),
-            (0, 65, ST_OK),
-            "request {n}: used id, used length, status"
-        );
-        assert_eq!(dst, hex(NIST_CT), "request {n}: F.2.1 ciphertext");
+        assert_raw_nist_ok(n, raw_nist_result(&mem, n));
     }
     assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0, "still served");
     let warnings = daemon
@@ -2189,17 +2193,13 @@ fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() 
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let call = EventFd::new(EFD_NONBLOCK).unwrap();
     raw_ring(&c, &mem, &kick, &call);
-    c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
-        .unwrap();
-    let p = c.reply(CREATE_CRYPTO_SESSION);
-    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
+    let sid = create_nist_session(&c);
     call.write(u64::MAX - 1).unwrap();
     clear_nonblock(call.as_raw_fd());
-    submit_raw_nist(&mem, &kick, sid as u64, 1);
+    submit_raw_nist(&mem, &kick, sid, 1);
     until_a_worker_blocks_in(daemon.pid(), "1", || {});
     // The request was completed before the notification blocked.
-    let (id, len, status, dst) = raw_nist_result(&mem, 1);
-    assert_eq!((id, len, status, dst), (0, 65, ST_OK, hex(NIST_CT)));
+    assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
     drop(c);
     daemon.assert_alive("a worker blocked writing the call eventfd");
     assert_nist(&daemon.sock, "a worker blocked writing the call eventfd");
@@ -2511,9 +2511,7 @@ impl BusyRing {
         let kick = EventFd::new(EFD_NONBLOCK).unwrap();
         let call = EventFd::new(EFD_NONBLOCK).unwrap();
         raw_ring(&c, &mem, &kick, &call);
-        c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
-            .unwrap();
-        let sid = i64::from_le_bytes(c.reply(CREATE_CRYPTO_SESSION)[1064..1072].try_into().unwrap()) as u64;
+        let sid = create_nist_session(&c);
         let (hdr_at, src_at, dst_at, status_at, len) =
             (0x10000u64, 0x20000u64, 0x40000u64, 0x14000u64, 0x10000u32);
         let h = common::hdr(ENCRYPT, sid, len, len);
