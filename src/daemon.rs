@@ -187,16 +187,23 @@ pub fn serve_stream(
         })
         .map_err(|e| be(&e))?;
     await_teardown(&finished, copies);
-    let _ = reaper.join();
+    let reaped = reaper.join().is_ok();
     info!("completed requests per queue: {:?}", backend.completed());
     let failed = backend.signal_failures();
     if failed > 0 {
         warn!("{failed} used-buffer notifications could not be signalled on this connection");
     }
-    // SAFETY: the daemon is dropped (the reaper sent `done` after dropping
-    // it, or ended), so its worker threads are joined. Dropping the backend
-    // (last reference) then drops the session tables, zeroizing keys.
-    unsafe { backend.close_handed_out_fds() };
+    if reaped {
+        // SAFETY: the reaper ended normally, after dropping the daemon, so
+        // the library's worker threads are joined.
+        unsafe { backend.close_handed_out_fds() };
+    } else {
+        // (A panic there may have left workers watching the descriptors:
+        // they stay open, a leak rather than a reused descriptor.)
+        error!("tearing the connection down panicked; its exit-event descriptors are left open");
+    }
+    // Dropping the backend (last reference) drops the session tables,
+    // zeroizing keys.
     Ok(())
 }
 
