@@ -646,8 +646,16 @@ pub fn probe_eventfd_check() -> io::Result<()> {
     })
 }
 
+/// Most eventfd copies [`EventFdCopies`] keeps per ring and kind (kick,
+/// call); past it the oldest is let go.
+pub const EVENTFD_COPIES_PER_RING: usize = 16;
+
 /// Copies (`dup`s) of the kick and call eventfds the frontend gave each
-/// data ring, the latest of each, kept for tearing the connection down.
+/// data ring, kept for tearing the connection down: the latest ones, and
+/// the ones they replaced, one per eventfd (told apart by the
+/// `eventfd-id` of `/proc/self/fdinfo`; QEMU switches a ring's call
+/// between two eventfds as the guest masks and unmasks its interrupt), at
+/// most [`EVENTFD_COPIES_PER_RING`] of each kind per ring.
 ///
 /// [`check_ring_eventfd`] makes those eventfds non-blocking, but the flag
 /// lives on the open file, which the frontend shares and can clear again.
@@ -656,43 +664,74 @@ pub fn probe_eventfd_check() -> io::Result<()> {
 /// kick eventfd) or in the call write (the frontend filled the counter),
 /// and the daemon, which joins the workers when the connection ends, would
 /// wait for it forever. [`EventFdCopies::wake_workers`] lets such a worker
-/// go on.
+/// go on, also when the frontend has since given the ring another eventfd
+/// (the library applies that only once the worker lets go of the ring).
 #[derive(Debug, Default)]
 pub struct EventFdCopies {
-    kick: Vec<Option<File>>,
-    call: Vec<Option<File>>,
+    kick: Vec<Vec<(Option<u64>, File)>>,
+    call: Vec<Vec<(Option<u64>, File)>>,
+}
+
+/// The `eventfd-id` of an eventfd (`/proc/self/fdinfo`), if shown.
+fn eventfd_id(file: &File) -> Option<u64> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == "eventfd-id")
+        .and_then(|(_, v)| v.trim().parse().ok())
 }
 
 impl EventFdCopies {
     /// Keeps a copy of `file`, the eventfd of `SET_VRING_KICK` or
     /// `SET_VRING_CALL` (`request`; others are ignored) for ring `index`,
-    /// in place of the one before.
+    /// as the latest (a copy of the same eventfd kept before is let go).
     ///
     /// # Errors
     /// `dup` failed.
     fn keep(&mut self, request: u32, index: usize, file: &File) -> io::Result<()> {
-        let list = match request {
+        let rings = match request {
             VHOST_USER_SET_VRING_KICK => &mut self.kick,
             VHOST_USER_SET_VRING_CALL => &mut self.call,
             _ => return Ok(()),
         };
-        if list.len() <= index {
-            list.resize_with(index + 1, || None);
+        if rings.len() <= index {
+            rings.resize_with(index + 1, Vec::new);
         }
-        list[index] = Some(file.try_clone()?);
+        let copies = &mut rings[index];
+        let id = eventfd_id(file);
+        if id.is_some() {
+            copies.retain(|(other, _)| *other != id);
+        }
+        if copies.len() == EVENTFD_COPIES_PER_RING {
+            copies.remove(0);
+        }
+        copies.push((id, file.try_clone()?));
         Ok(())
     }
 
+    /// How many copies are kept (all rings, both kinds).
+    pub fn len(&self) -> usize {
+        self.kick.iter().chain(&self.call).map(Vec::len).sum()
+    }
+
+    /// Whether no copy is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Wakes a worker blocked on one of the eventfds: empties each call
-    /// eventfd without waiting (`preadv2` with `RWF_NOWAIT`, which does not
-    /// depend on `O_NONBLOCK`), so a worker blocked writing it goes on, and
+    /// eventfd without waiting, so a worker blocked writing it goes on, and
     /// adds 1 to each kick eventfd that is empty, so a worker blocked
-    /// reading it goes on. Meant for the end of a connection, when the
-    /// workers no longer serve the rings; call it on a thread of its own:
-    /// a frontend that fills a kick eventfd between the check and the write
-    /// would block the write until a worker reads it.
+    /// reading it goes on. The call eventfd is read with `preadv2` and
+    /// `RWF_NOWAIT`, which does not depend on `O_NONBLOCK`; where the
+    /// kernel does not support that for eventfds (`EOPNOTSUPP`), the copy
+    /// sets `O_NONBLOCK` again and reads. Meant for the end of a
+    /// connection, when the workers no longer serve the rings; call it on a
+    /// thread of its own: a frontend that fills a kick eventfd between the
+    /// check and the write would block the write until a worker reads it.
     pub fn wake_workers(&self) {
-        for call in self.call.iter().flatten() {
+        for (_, call) in self.call.iter().flatten() {
+            let fd = call.as_raw_fd();
             let mut buf = [0u8; 8];
             let iov = libc::iovec {
                 iov_base: buf.as_mut_ptr().cast(),
@@ -700,10 +739,21 @@ impl EventFdCopies {
             };
             // SAFETY: preadv2 into one 8-byte buffer of ours, at the
             // current position (-1); RWF_NOWAIT: EAGAIN instead of waiting
-            // when the counter is 0. The result does not matter.
-            unsafe { libc::preadv2(call.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+            // when the counter is 0.
+            let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+                // SAFETY: fcntl(F_GETFL), then F_SETFL with an int, on a
+                // descriptor we own; no memory is passed.
+                unsafe {
+                    let flags = libc::fcntl(fd, libc::F_GETFL);
+                    if flags >= 0 {
+                        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+                    }
+                }
+                let _ = (&*call).read(&mut buf);
+            }
         }
-        for kick in self.kick.iter().flatten() {
+        for (_, kick) in self.kick.iter().flatten() {
             let mut p = libc::pollfd {
                 fd: kick.as_raw_fd(),
                 events: libc::POLLIN | libc::POLLOUT,
@@ -1263,5 +1313,57 @@ mod tests {
             let result = r.thread.take().unwrap().join().unwrap();
             assert_eq!(result.unwrap_err().kind(), io::ErrorKind::InvalidData);
         }
+    }
+
+    fn eventfd(flags: i32) -> File {
+        // SAFETY: eventfd(2) with a count and flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, flags) };
+        assert!(fd >= 0, "eventfd: {}", io::Error::last_os_error());
+        // SAFETY: a fresh descriptor we own.
+        unsafe { File::from_raw_fd(fd) }
+    }
+
+    fn count(f: &File) -> u64 {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd())).unwrap();
+        let line = info.lines().find(|l| l.starts_with("eventfd-count:")).unwrap();
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    }
+
+    /// One copy per eventfd and ring (QEMU's two alternating call eventfds
+    /// stay two copies), at most EVENTFD_COPIES_PER_RING per ring and kind.
+    #[test]
+    fn eventfd_copies_are_one_per_eventfd_and_bounded() {
+        let mut c = EventFdCopies::default();
+        let (a, b) = (eventfd(0), eventfd(0));
+        for _ in 0..10 {
+            c.keep(VHOST_USER_SET_VRING_CALL, 0, &a).unwrap();
+            c.keep(VHOST_USER_SET_VRING_CALL, 0, &b).unwrap();
+        }
+        assert_eq!(c.len(), 2);
+        c.keep(VHOST_USER_SET_VRING_KICK, 0, &a).unwrap();
+        c.keep(VHOST_USER_SET_VRING_CALL, 3, &a).unwrap();
+        c.keep(VHOST_USER_SET_VRING_ERR, 0, &a).unwrap();
+        assert_eq!(c.len(), 4);
+        let many: Vec<File> = (0..2 * EVENTFD_COPIES_PER_RING).map(|_| eventfd(0)).collect();
+        for f in &many {
+            c.keep(VHOST_USER_SET_VRING_KICK, 1, f).unwrap();
+        }
+        assert_eq!(c.len(), 4 + EVENTFD_COPIES_PER_RING);
+    }
+
+    /// wake_workers empties a full call eventfd and adds 1 to an empty kick
+    /// eventfd, whether or not the frontend's copy is non-blocking, and
+    /// leaves a kick that already holds a count alone.
+    #[test]
+    fn wake_workers_empties_calls_and_kicks_empty_kicks() {
+        let mut c = EventFdCopies::default();
+        let (call, kick, busy_kick) = (eventfd(0), eventfd(0), eventfd(libc::EFD_NONBLOCK));
+        (&call).write_all(&(u64::MAX - 1).to_ne_bytes()).unwrap();
+        (&busy_kick).write_all(&5u64.to_ne_bytes()).unwrap();
+        c.keep(VHOST_USER_SET_VRING_CALL, 0, &call).unwrap();
+        c.keep(VHOST_USER_SET_VRING_KICK, 0, &kick).unwrap();
+        c.keep(VHOST_USER_SET_VRING_KICK, 1, &busy_kick).unwrap();
+        c.wake_workers();
+        assert_eq!((count(&call), count(&kick), count(&busy_kick)), (0, 1, 5));
     }
 }

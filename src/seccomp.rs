@@ -48,8 +48,9 @@ pub struct Allowed {
 
 /// What the worker filter allows (in the order of docs/RELIABILITY.md).
 /// `mmap` and `mprotect` only without `PROT_EXEC`, `futex` only for the
-/// wait/wake operations, `fcntl` only for `F_GETFD`; `epoll_wait` and
-/// `open` exist on x86_64 only.
+/// wait/wake operations, `fcntl` only for `F_GETFD`, `rt_sigaction` only
+/// for `SIGSEGV` and `SIGBUS`; `epoll_wait` and `open` exist on x86_64
+/// only.
 pub const ALLOWED: &[Allowed] = &[
     Allowed {
         name: "read",
@@ -247,6 +248,11 @@ mod imp {
             "mmap" | "mprotect" => Ok(vec![masked(2, libc::PROT_EXEC as u64, 0)?]),
             // The command (argument 1) F_GETFD only.
             "fcntl" => Ok(vec![masked(1, u64::from(u32::MAX), libc::F_GETFD as u64)?]),
+            // The signal (argument 0) SIGSEGV or SIGBUS only.
+            "rt_sigaction" => [libc::SIGSEGV, libc::SIGBUS]
+                .into_iter()
+                .map(|sig| masked(0, u64::from(u32::MAX), sig as u64))
+                .collect(),
             // The operation (argument 1) without the flags the kernel masks
             // off too (FUTEX_CMD_MASK, kernel/futex/syscalls.c).
             "futex" => {

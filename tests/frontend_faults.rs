@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use openssl::symm::{Cipher, Crypter, Mode};
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig, Used};
+use vhost_user_crypto::frontend_proxy::EVENTFD_COPIES_PER_RING;
 use vhost_user_crypto::session_msg::{close_request, create_request, SessionAbi, SymSessionInfo};
 use vhost_user_crypto::wire::OpDataReq;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -2157,9 +2158,11 @@ fn vring_worker_syscalls(pid: u32) -> Vec<String> {
     out
 }
 
-/// Waits until a `vring_worker` of `pid` sits in syscall `nr` (read 0,
-/// write 1 on x86_64) twice 20 ms apart, calling `poke` before each look.
-fn until_a_worker_blocks_in(pid: u32, nr: &str, mut poke: impl FnMut()) {
+/// Waits until a `vring_worker` of `pid` sits in syscall `nr`
+/// (`libc::SYS_read`, `libc::SYS_write`) twice 20 ms apart, calling `poke`
+/// before each look.
+fn until_a_worker_blocks_in(pid: u32, nr: libc::c_long, mut poke: impl FnMut()) {
+    let nr = &nr.to_string();
     let start = Instant::now();
     loop {
         poke();
@@ -2184,32 +2187,44 @@ fn until_a_worker_blocks_in(pid: u32, nr: &str, mut poke: impl FnMut()) {
 /// reviewers: tearing the connection down joined that worker forever, so
 /// no later frontend was served. Now the daemon empties the call eventfd
 /// through its own copy at teardown: the worker goes on, the next frontend
-/// gets NIST F.2.1 right.
+/// gets NIST F.2.1 right. Also when the frontend then gives the ring new
+/// call eventfds (the library applies them only once the worker lets go;
+/// found by a third reviewer), more than the copies kept per ring.
 #[test]
 fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() {
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    let sid = create_nist_session(&c);
-    call.write(u64::MAX - 1).unwrap();
-    clear_nonblock(call.as_raw_fd());
-    submit_raw_nist(&mem, &kick, sid, 1);
-    until_a_worker_blocks_in(daemon.pid(), "1", || {});
-    // The request was completed before the notification blocked.
-    assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
-    drop(c);
-    daemon.assert_alive("a worker blocked writing the call eventfd");
-    assert_nist(&daemon.sock, "a worker blocked writing the call eventfd");
-    assert!(
-        daemon
-            .log_tail(8000)
-            .contains("waking queue workers blocked on eventfds"),
-        "{}",
-        daemon.log_tail(8000)
-    );
+    for replacements in [0, 1, EVENTFD_COPIES_PER_RING - 1] {
+        let what = format!("a worker blocked writing the call eventfd, {replacements} new ones since");
+        let mut daemon = Daemon::spawn(&[]);
+        let c = Conn::negotiated(&daemon.sock);
+        let mem = sealable_memfd(MEM_SIZE);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &mem, &kick, &call);
+        let sid = create_nist_session(&c);
+        call.write(u64::MAX - 1).unwrap();
+        clear_nonblock(call.as_raw_fd());
+        submit_raw_nist(&mem, &kick, sid, 1);
+        until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+        // The request was completed before the notification blocked.
+        assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
+        let new: Vec<EventFd> = (0..replacements)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        for e in &new {
+            c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
+                .unwrap();
+        }
+        drop(c);
+        daemon.assert_alive(&what);
+        assert_nist(&daemon.sock, &what);
+        assert!(
+            daemon
+                .log_tail(8000)
+                .contains("waking queue workers blocked on eventfds"),
+            "{what}: {}",
+            daemon.log_tail(8000)
+        );
+    }
 }
 
 /// The frontend gives two rings one kick eventfd and clears its
@@ -2217,23 +2232,37 @@ fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() 
 /// other blocks in vhost-user-backend's 8-byte read (found by a fresh
 /// reviewer; the daemon then never served another frontend). Now the
 /// daemon adds 1 to the empty kick eventfd through its own copy at
-/// teardown: the worker goes on, the next frontend is served.
+/// teardown: the worker goes on, the next frontend is served. Also when
+/// the frontend then gives both rings new kick eventfds.
 #[test]
 fn a_frontend_clearing_o_nonblock_on_a_shared_kick_eventfd_cannot_wedge_the_daemon() {
-    let mut daemon = Daemon::spawn(&["--queues", "2"]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call1 = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    // Ring 1 at 640 KiB, with ring 0's kick eventfd.
-    raw_ring_at(&c, 1, 0xA0000, &kick, &call1);
-    clear_nonblock(kick.as_raw_fd());
-    until_a_worker_blocks_in(daemon.pid(), "0", || kick.write(1).unwrap());
-    drop(c);
-    daemon.assert_alive("a worker blocked reading a shared kick eventfd");
-    assert_nist(&daemon.sock, "a worker blocked reading a shared kick eventfd");
+    for replace in [false, true] {
+        let what = format!("a worker blocked reading a shared kick eventfd, replaced: {replace}");
+        let mut daemon = Daemon::spawn(&["--queues", "2"]);
+        let c = Conn::negotiated(&daemon.sock);
+        let mem = sealable_memfd(MEM_SIZE);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call1 = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &mem, &kick, &call);
+        // Ring 1 at 640 KiB, with ring 0's kick eventfd.
+        raw_ring_at(&c, 1, 0xA0000, &kick, &call1);
+        clear_nonblock(kick.as_raw_fd());
+        until_a_worker_blocks_in(daemon.pid(), libc::SYS_read, || kick.write(1).unwrap());
+        let new = [
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        ];
+        if replace {
+            for (ring, e) in new.iter().enumerate() {
+                c.send(SET_VRING_KICK, V1, &(ring as u64).to_le_bytes(), &[e.as_raw_fd()])
+                    .unwrap();
+            }
+        }
+        drop(c);
+        daemon.assert_alive(&what);
+        assert_nist(&daemon.sock, &what);
+    }
 }
 
 /// H10 against the daemon binary, with its log in colour and not: the

@@ -127,6 +127,15 @@ fn child() {
             };
             println!("futex requeue returned {r}");
         }),
+        "sigaction_usr1" => confined(&filter, || {
+            // SAFETY: sigaction(2) reading SIGUSR1's action into a zeroed
+            // struct of ours (no new action).
+            let r = unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut old)
+            };
+            println!("sigaction SIGUSR1 returned {r}");
+        }),
         "fcntl_setfl" => confined(&filter, || {
             // SAFETY: fcntl(F_SETFL) on stdin with an int argument.
             let r = unsafe { libc::fcntl(0, libc::F_SETFL, libc::O_NONBLOCK) };
@@ -354,6 +363,11 @@ fn futex_is_limited_to_wait_and_wake() {
 #[test]
 fn fcntl_is_limited_to_f_getfd() {
     assert_killed_by_sigsys("fcntl_setfl");
+}
+
+#[test]
+fn sigaction_is_limited_to_sigsegv_and_sigbus() {
+    assert_killed_by_sigsys("sigaction_usr1");
 }
 
 /// A panic on a filtered thread (with `RUST_BACKTRACE=1`) ends that thread
