@@ -53,7 +53,7 @@ pub struct CryptoBackend {
     poll: Duration,
     seccomp: Option<WorkerFilter>,
     event_idx: AtomicBool,
-    disconnected: AtomicBool,
+    disconnected: Arc<AtomicBool>,
     signal_failures: AtomicU64,
 }
 
@@ -71,9 +71,14 @@ impl CryptoBackend {
     /// Creating the exit eventfds failed.
     pub fn new(tables: Vec<SessionTable>, limits: RequestLimits, poll: Duration) -> io::Result<Self> {
         let queues = tables.len();
+        let disconnected = Arc::new(AtomicBool::new(false));
         let workers = tables
             .into_iter()
-            .map(|t| Mutex::new(QueueWorker::new(t, limits)))
+            .map(|t| {
+                let mut w = QueueWorker::new(t, limits);
+                w.set_stop(disconnected.clone());
+                Mutex::new(w)
+            })
             .collect();
         let exit = (0..queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
@@ -87,7 +92,7 @@ impl CryptoBackend {
             poll,
             seccomp: None,
             event_idx: AtomicBool::new(false),
-            disconnected: AtomicBool::new(false),
+            disconnected,
             signal_failures: AtomicU64::new(0),
         })
     }

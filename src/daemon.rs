@@ -210,35 +210,68 @@ pub fn serve_stream(
 /// How long a connection's teardown may take before the daemon starts
 /// waking workers blocked on the frontend's eventfds.
 const TEARDOWN_GRACE: Duration = Duration::from_millis(100);
-/// How long it may take in all before the daemon gives up and exits
-/// ([`TEARDOWN_STUCK_EXIT`]).
+/// How long a connection's teardown may go on with no queue worker using
+/// any CPU before the daemon gives up and exits ([`TEARDOWN_STUCK_EXIT`]).
 pub const TEARDOWN_LIMIT: Duration = Duration::from_secs(10);
 /// Exit status of the daemon when a connection could not be torn down
-/// within [`TEARDOWN_LIMIT`].
+/// (see [`TEARDOWN_LIMIT`]).
 pub const TEARDOWN_STUCK_EXIT: i32 = 3;
+
+/// CPU time, in clock ticks, that this process's queue worker threads
+/// (vhost-user-backend names them `vring_worker`) have used: fields 14
+/// and 15 (utime, stime) of `/proc/self/task/TID/stat` (proc(5)).
+fn worker_cpu_ticks() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "vring_worker"))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // After "(comm) ", field 3 (state) is the first: utime and
+            // stime are the 12th and 13th.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut f = rest.split_whitespace().skip(11);
+            Some(f.next()?.parse::<u64>().ok()? + f.next()?.parse::<u64>().ok()?)
+        })
+        .sum()
+}
 
 /// Waits until `finished` says the connection's threads are joined. After
 /// [`TEARDOWN_GRACE`] a thread of its own calls
 /// [`EventFdCopies::wake_workers`] every 20 ms, for a worker blocked on an
-/// eventfd whose `O_NONBLOCK` the frontend cleared. After
-/// [`TEARDOWN_LIMIT`] the process exits with [`TEARDOWN_STUCK_EXIT`]
-/// (logged): waiting on would leave the daemon serving nobody, while an
-/// exit lets a supervisor start it again.
+/// eventfd whose `O_NONBLOCK` the frontend cleared. Once the workers have
+/// used no CPU for [`TEARDOWN_LIMIT`] (busy ones are finishing a batch,
+/// which may be long with large requests; idle ones would have ended) the
+/// process exits with [`TEARDOWN_STUCK_EXIT`] (logged): waiting on would
+/// leave the daemon serving nobody, while an exit lets a supervisor start
+/// it again.
 fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies) {
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let mut copies = Some(copies);
+    let (mut ticks, mut last_progress, mut last_look) = (worker_cpu_ticks(), start, start);
     while let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_millis(20)) {
-        if start.elapsed() >= TEARDOWN_LIMIT {
+        if last_look.elapsed() >= Duration::from_secs(1) {
+            last_look = Instant::now();
+            let now = worker_cpu_ticks();
+            if now != ticks {
+                (ticks, last_progress) = (now, last_look);
+            }
+        }
+        if last_progress.elapsed() >= TEARDOWN_LIMIT {
             error!(
-                "the connection could not be torn down in {TEARDOWN_LIMIT:?}: a queue worker stays \
-                 blocked on an eventfd the frontend controls; exiting (status {TEARDOWN_STUCK_EXIT})"
+                "the connection is not torn down after {:?}, and its queue workers have used no CPU \
+                 for {TEARDOWN_LIMIT:?}: one stays blocked (on an eventfd the frontend controls); \
+                 exiting (status {TEARDOWN_STUCK_EXIT})",
+                start.elapsed()
             );
             std::process::exit(TEARDOWN_STUCK_EXIT);
         }
         if start.elapsed() >= TEARDOWN_GRACE {
             if let Some(copies) = copies.take() {
-                warn!("tearing the connection down takes long: waking queue workers blocked on eventfds");
+                warn!("tearing the connection down takes more than {TEARDOWN_GRACE:?}: waking any queue worker blocked on an eventfd");
                 let stop = stop.clone();
                 // Not joined: a frontend that races the kick write could
                 // keep it blocked (see `wake_workers`).

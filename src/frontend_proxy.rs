@@ -213,7 +213,15 @@ pub fn run(
     let owed_r = owed.clone();
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
         // Whole messages, so a CREATE reply can never land inside one.
-        while let Ok(Some(msg)) = recv_message(&backend_r) {
+        // Between them, also watch for the frontend hanging up: the request
+        // pump may be blocked writing to the library (a library thread
+        // stuck behind a blocked worker stops reading, see
+        // `EventFdCopies`) and would then never see the end of the
+        // connection, and the connection would never be torn down.
+        while frontend_still_there(&backend_r, &front_shut) {
+            let Ok(Some(msg)) = recv_message(&backend_r) else {
+                break;
+            };
             let w = fw.lock().unwrap_or_else(|e| e.into_inner());
             if msg.send_to(&w).is_err() {
                 break;
@@ -244,6 +252,36 @@ pub fn run(
     let _ = replies.join();
     info!("frontend disconnected; {} sessions dropped", registry.len());
     result
+}
+
+/// Waits until the library has something to read on `library` (true) or
+/// the frontend has closed its end of `frontend` (false; `POLLHUP` or
+/// `POLLERR`; a frontend that only shuts its sending side still gets the
+/// replies to what it sent). A poll error also gives false.
+fn frontend_still_there(library: &UnixStream, frontend: &UnixStream) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd: library.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: frontend.as_raw_fd(),
+            events: 0,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: poll(2) on an array of two pollfds of ours, no timeout.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n >= 0 {
+            break;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+    fds[1].revents & (libc::POLLHUP | libc::POLLERR) == 0
 }
 
 /// Replies the library still owes the frontend for forwarded messages.
@@ -725,10 +763,11 @@ impl EventFdCopies {
     /// reading it goes on. The call eventfd is read with `preadv2` and
     /// `RWF_NOWAIT`, which does not depend on `O_NONBLOCK`; where the
     /// kernel does not support that for eventfds (`EOPNOTSUPP`), the copy
-    /// sets `O_NONBLOCK` again and reads. Meant for the end of a
-    /// connection, when the workers no longer serve the rings; call it on a
-    /// thread of its own: a frontend that fills a kick eventfd between the
-    /// check and the write would block the write until a worker reads it.
+    /// sets `O_NONBLOCK` again and reads. The kick eventfd is written after
+    /// setting `O_NONBLOCK` again. Meant for the end of a connection, when
+    /// the workers no longer serve the rings; call it on a thread of its
+    /// own: a frontend that clears `O_NONBLOCK` and fills a kick eventfd
+    /// between those steps would block the write until a worker reads it.
     pub fn wake_workers(&self) {
         for (_, call) in self.call.iter().flatten() {
             let fd = call.as_raw_fd();
@@ -742,14 +781,7 @@ impl EventFdCopies {
             // when the counter is 0.
             let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
             if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-                // SAFETY: fcntl(F_GETFL), then F_SETFL with an int, on a
-                // descriptor we own; no memory is passed.
-                unsafe {
-                    let flags = libc::fcntl(fd, libc::F_GETFL);
-                    if flags >= 0 {
-                        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
-                    }
-                }
+                set_nonblocking(fd);
                 let _ = (&*call).read(&mut buf);
             }
         }
@@ -762,8 +794,22 @@ impl EventFdCopies {
             // SAFETY: poll(2) on one pollfd of ours, without waiting.
             let ready = unsafe { libc::poll(&mut p, 1, 0) };
             if ready == 1 && p.revents & libc::POLLIN == 0 && p.revents & libc::POLLOUT != 0 {
+                set_nonblocking(kick.as_raw_fd());
                 let _ = (&*kick).write(&1u64.to_ne_bytes());
             }
+        }
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd`'s open file (errors ignored: the caller's next
+/// read or write then blocks as before).
+fn set_nonblocking(fd: RawFd) {
+    // SAFETY: fcntl(F_GETFL), then F_SETFL with an int, on a descriptor the
+    // caller owns; no memory is passed.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
         }
     }
 }

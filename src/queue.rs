@@ -27,7 +27,8 @@
 //! (a QEMU guest that negotiated EVENT_IDX with QEMU never sets that flag,
 //! so it is always notified).
 
-use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU16, Ordering};
+use std::sync::Arc;
 
 use log::{debug, error};
 
@@ -117,6 +118,9 @@ pub struct QueueWorker {
     closes_seen: u64,
     /// Requests completed on this queue.
     pub completed: u64,
+    /// Set by the owner to end [`QueueWorker::process`] after the batch in
+    /// progress ([`QueueWorker::set_stop`]).
+    stop: Option<Arc<AtomicBool>>,
 }
 
 struct Ring {
@@ -263,7 +267,17 @@ impl QueueWorker {
             stopped: None,
             closes_seen: 0,
             completed: 0,
+            stop: None,
         }
+    }
+
+    /// Makes [`QueueWorker::process`] return after the batch in progress
+    /// once `stop` is set, instead of going on for up to a ring's worth of
+    /// requests (the backend's flag for a frontend that is gone: the
+    /// connection is then torn down within a batch, however much work the
+    /// guest has queued).
+    pub fn set_stop(&mut self, stop: Arc<AtomicBool>) {
+        self.stop = Some(stop);
     }
 
     /// Whether the caller busy-polls the ring after this call (kicks are
@@ -467,7 +481,11 @@ impl QueueWorker {
             // most, so that a guest that keeps its ring busy cannot keep
             // the caller here (it checks between calls whether to stop) and
             // the notification window stays far below 2^16 entries.
-            if self.polling || ring.avail_idx() == *next_avail || result.completed >= u32::from(ring.size) {
+            if self.polling
+                || ring.avail_idx() == *next_avail
+                || result.completed >= u32::from(ring.size)
+                || self.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
+            {
                 break;
             }
         }

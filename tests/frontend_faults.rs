@@ -1888,12 +1888,18 @@ fn submit_raw_nist(mem: &File, kick: &EventFd, sid: u64, n: u16) {
 /// connection; its id, which is 1 on a fresh connection.
 #[track_caller]
 fn create_nist_session(c: &Conn) -> u64 {
+    let sid = create_nist_session_id(c);
+    assert_eq!(sid, 1, "session id");
+    sid as u64
+}
+
+/// Sends the CREATE of [`create_nist_session`] and returns the id replied.
+#[track_caller]
+fn create_nist_session_id(c: &Conn) -> i64 {
     c.send_bytes(&create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1)), &[])
         .unwrap();
     let p = c.reply(CREATE_CRYPTO_SESSION);
-    let sid = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
-    assert_eq!(sid, 1, "session id");
-    sid as u64
+    i64::from_le_bytes(p[1064..1072].try_into().unwrap())
 }
 
 /// Request `n` of [`submit_raw_nist`] completed as NIST F.2.1 says: head 0,
@@ -2214,17 +2220,203 @@ fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() 
             c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
                 .unwrap();
         }
+        // All taken by the proxy (see the status-3 test below).
+        assert_eq!(create_nist_session_id(&c), 2);
         drop(c);
         daemon.assert_alive(&what);
         assert_nist(&daemon.sock, &what);
         assert!(
             daemon
                 .log_tail(8000)
-                .contains("waking queue workers blocked on eventfds"),
+                .contains("waking any queue worker blocked on an eventfd"),
             "{what}: {}",
             daemon.log_tail(8000)
         );
     }
+}
+
+/// The last resort: a frontend that blocks a worker on its call eventfd
+/// (as above) and then gives the ring more new call eventfds than the
+/// daemon keeps copies of ([`EVENTFD_COPIES_PER_RING`]) leaves a worker the
+/// daemon cannot wake. It then exits with status 3 once the workers have
+/// used no CPU for 10 s, saying why, rather than serving nobody for good.
+#[test]
+fn a_worker_that_cannot_be_woken_ends_the_daemon_with_status_3() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    let sid = create_nist_session(&c);
+    call.write(u64::MAX - 1).unwrap();
+    clear_nonblock(call.as_raw_fd());
+    submit_raw_nist(&mem, &kick, sid, 1);
+    until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+    let new: Vec<EventFd> = (0..EVENTFD_COPIES_PER_RING)
+        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+        .collect();
+    for e in &new {
+        c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
+            .unwrap();
+    }
+    // A CREATE, answered by the daemon's proxy in order: all the messages
+    // before it have been taken (the proxy ends the connection as soon as
+    // the frontend hangs up, unread messages or not).
+    assert_eq!(create_nist_session_id(&c), 2);
+    drop(c);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "still running after 20 s: threads {:?}\n{}",
+            std::fs::read_dir(format!("/proc/{}/task", daemon.pid()))
+                .unwrap()
+                .flatten()
+                .map(|t| {
+                    let r = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+                    format!(
+                        "{} {} {}",
+                        r("comm").trim(),
+                        r("wchan"),
+                        r("syscall").split(' ').next().unwrap_or("")
+                    )
+                })
+                .collect::<Vec<_>>(),
+            daemon.log_tail(4000)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(3), "{}", daemon.log_tail(4000));
+    assert!(
+        start.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        daemon
+            .log_tail(4000)
+            .contains("its queue workers have used no CPU"),
+        "{}",
+        daemon.log_tail(4000)
+    );
+}
+
+/// The frontend blocks a worker (call eventfd, as above), asks for
+/// GET_VRING_BASE (the library's thread then waits for the ring behind the
+/// worker and stops reading) and sends until its socket is full, so the
+/// daemon's request pump blocks writing to the library; then it leaves.
+/// Found by a fourth reviewer: the pump never saw the end of the
+/// connection, so teardown never started. Now the reply relay also watches
+/// for the frontend hanging up and ends the connection; the next frontend
+/// is served.
+#[test]
+fn a_frontend_that_fills_the_library_socket_cannot_wedge_the_daemon() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    let sid = create_nist_session(&c);
+    call.write(u64::MAX - 1).unwrap();
+    clear_nonblock(call.as_raw_fd());
+    submit_raw_nist(&mem, &kick, sid, 1);
+    until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+    c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
+    c.s.set_nonblocking(true).unwrap();
+    let m = Conn::message(SET_FEATURES, V1, &F_PROTOCOL_FEATURES.to_le_bytes());
+    let (mut sent, start) = (0usize, Instant::now());
+    // Until the socket stays full for half a second.
+    let mut full_since = None;
+    while full_since.is_none_or(|t: Instant| t.elapsed() < Duration::from_millis(500)) {
+        match (&c.s).write(&m) {
+            Ok(n) => {
+                assert_eq!(n, m.len());
+                sent += 1;
+                full_since = None;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                full_since.get_or_insert_with(Instant::now);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("after {sent} messages: {e}"),
+        }
+        assert!(start.elapsed() < TIMEOUT, "the socket never filled ({sent} sent)");
+    }
+    drop(c);
+    daemon.assert_alive("a frontend that filled the library's socket");
+    assert_nist(&daemon.sock, "a frontend that filled the library's socket");
+}
+
+/// An honest frontend leaves while its guest has a ring of 256 large
+/// requests queued (64 MiB each, `--max-request-bytes` 64 MiB, no
+/// polling). Found by a fourth reviewer: the worker finished the whole
+/// ring before looking at the disconnect (about 16 GiB of AES here), and
+/// the daemon even exited with status 3 after 10 s. Now it stops after the
+/// batch in progress: the next frontend is served within seconds, and the
+/// daemon lives.
+#[test]
+fn a_ring_of_large_requests_does_not_hold_up_the_teardown() {
+    use std::os::unix::fs::FileExt;
+    let (size, len) = (160u64 << 20, 64u32 << 20);
+    let mut daemon = Daemon::spawn(&["--max-request-bytes", "67108864", "--poll-us", "0"]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(size);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    let table = mem_table(&[(0, size, UADDR, 0)]);
+    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
+        .unwrap();
+    assert_eq!(c.reply_u64(SET_MEM_TABLE), 0);
+    raw_ring_at(&c, 0, RAW_DESC, &kick, &call);
+    let sid = create_nist_session(&c);
+    // Every avail entry names the same chain: header, IV, 64 MiB src and dst.
+    let (src_at, dst_at) = (0x100_0000u64, 0x500_0000u64);
+    mem.write_all_at(&common::hdr(ENCRYPT, sid, len, len).to_bytes(), RAW_HDR)
+        .unwrap();
+    write_chain(
+        &mem,
+        RAW_DESC,
+        &[
+            (RAW_HDR, 72, 0),
+            (RAW_IV, 16, 0),
+            (src_at, len, 0),
+            (dst_at, len, VRING_DESC_F_WRITE),
+            (RAW_STATUS, 1, VRING_DESC_F_WRITE),
+        ],
+    );
+    for slot in 0..256u64 {
+        mem.write_all_at(&0u16.to_le_bytes(), RAW_AVAIL + 4 + 2 * slot)
+            .unwrap();
+    }
+    mem.write_all_at(&256u16.to_le_bytes(), RAW_AVAIL + 2).unwrap();
+    kick.write(1).unwrap();
+    let start = Instant::now();
+    while ring0_used_u16(&mem, 2) < 2 {
+        assert!(start.elapsed() < TIMEOUT, "the first requests did not complete");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(c);
+    let left = Instant::now();
+    daemon.assert_alive("a frontend left with a ring of large requests queued");
+    let took = left.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the next frontend waited {took:?}; used.idx {} of 256",
+        ring0_used_u16(&mem, 2)
+    );
+    assert!(
+        ring0_used_u16(&mem, 2) < 256,
+        "the whole ring was served after the disconnect"
+    );
+    assert_nist(
+        &daemon.sock,
+        "a frontend left with a ring of large requests queued",
+    );
 }
 
 /// The frontend gives two rings one kick eventfd and clears its
@@ -2258,6 +2450,8 @@ fn a_frontend_clearing_o_nonblock_on_a_shared_kick_eventfd_cannot_wedge_the_daem
                 c.send(SET_VRING_KICK, V1, &(ring as u64).to_le_bytes(), &[e.as_raw_fd()])
                     .unwrap();
             }
+            // All taken by the proxy (see the status-3 test).
+            assert_eq!(create_nist_session_id(&c), 1);
         }
         drop(c);
         daemon.assert_alive(&what);
