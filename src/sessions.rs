@@ -289,7 +289,7 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<SessionIdHasher>>;
 /// The sessions one queue can use, as the data path sees them while its
 /// table is locked.
 ///
-/// Each session is boxed ([`SessionBox`]): removing an entry from a hash
+/// Each session is boxed (`SessionBox`, private): removing an entry from a hash
 /// table moves the value out of its bucket (a bitwise copy) and growing the
 /// table moves every value to a new allocation, and neither zeroizes the
 /// bytes left behind. A box stays where it is and is zeroized whole when
