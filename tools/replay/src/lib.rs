@@ -6,7 +6,7 @@
 //! negotiation, driver-side rings, session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
 //! (benchmark traces), [`raw`] (descriptor-level requests), [`soak`]
-//! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`reference`] (the
+//! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`reference`](mod@reference) (the
 //! cipher expected outputs come from).
 
 #![deny(missing_docs)]
