@@ -186,7 +186,7 @@ pub fn serve_stream(
             let _ = done.send(());
         })
         .map_err(|e| be(&e))?;
-    await_teardown(&finished, copies);
+    await_teardown(&finished, copies, teardown_cap(config));
     let reaped = reaper.join().is_ok();
     info!("completed requests per queue: {:?}", backend.completed());
     let failed = backend.signal_failures();
@@ -217,6 +217,18 @@ pub const TEARDOWN_LIMIT: Duration = Duration::from_secs(10);
 /// (see [`TEARDOWN_LIMIT`]).
 pub const TEARDOWN_STUCK_EXIT: i32 = 3;
 
+/// The longest a connection's teardown may take in all: [`TEARDOWN_LIMIT`]
+/// plus the worst batch each worker may still be finishing
+/// (`algorithms::MAX_LANES` requests of `--max-request-bytes`) at a
+/// pessimistic 50 MB/s (HMAC-SHA1 through `ring` runs at about 400 MB/s
+/// here). A frontend gone for good could otherwise keep a second worker
+/// busy with kicks on an eventfd it still holds, and reset the
+/// no-CPU clock for ever.
+fn teardown_cap(config: &Config) -> Duration {
+    let batch = algorithms::MAX_LANES as f64 * f64::from(config.limits.max_request_bytes);
+    TEARDOWN_LIMIT + Duration::from_secs_f64(config.queues as f64 * batch / 50e6)
+}
+
 /// CPU time, in clock ticks, that this process's queue worker threads
 /// (vhost-user-backend names them `vring_worker`) have used: fields 14
 /// and 15 (utime, stime) of `/proc/self/task/TID/stat` (proc(5)).
@@ -243,11 +255,11 @@ fn worker_cpu_ticks() -> u64 {
 /// [`EventFdCopies::wake_workers`] every 20 ms, for a worker blocked on an
 /// eventfd whose `O_NONBLOCK` the frontend cleared. Once the workers have
 /// used no CPU for [`TEARDOWN_LIMIT`] (busy ones are finishing a batch,
-/// which may be long with large requests; idle ones would have ended) the
-/// process exits with [`TEARDOWN_STUCK_EXIT`] (logged): waiting on would
-/// leave the daemon serving nobody, while an exit lets a supervisor start
-/// it again.
-fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies) {
+/// which may be long with large requests; idle ones would have ended), or
+/// after `cap` in all, the process exits with [`TEARDOWN_STUCK_EXIT`]
+/// (logged): waiting on would leave the daemon serving nobody, while an
+/// exit lets a supervisor start it again.
+fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies, cap: Duration) {
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let mut copies = Some(copies);
@@ -260,12 +272,13 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies) {
                 (ticks, last_progress) = (now, last_look);
             }
         }
-        if last_progress.elapsed() >= TEARDOWN_LIMIT {
+        if last_progress.elapsed() >= TEARDOWN_LIMIT || start.elapsed() >= cap {
             error!(
-                "the connection is not torn down after {:?}, and its queue workers have used no CPU \
-                 for {TEARDOWN_LIMIT:?}: one stays blocked (on an eventfd the frontend controls); \
-                 exiting (status {TEARDOWN_STUCK_EXIT})",
-                start.elapsed()
+                "the connection is not torn down after {:?} (its queue workers used no CPU for {:?}): \
+                 one stays blocked (on an eventfd the frontend controls); exiting (status \
+                 {TEARDOWN_STUCK_EXIT})",
+                start.elapsed(),
+                last_progress.elapsed()
             );
             std::process::exit(TEARDOWN_STUCK_EXIT);
         }

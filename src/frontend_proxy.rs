@@ -211,31 +211,17 @@ pub fn run(
     let front_shut = frontend.try_clone()?;
     let owed = Arc::new(Owed::default());
     let owed_r = owed.clone();
+    let (relayed, relay_ended) = std::sync::mpsc::channel::<()>();
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
-        // Whole messages, so a CREATE reply can never land inside one.
-        // Between them, also watch for the frontend hanging up: the request
-        // pump may be blocked writing to the library (a library thread
-        // stuck behind a blocked worker stops reading, see
-        // `EventFdCopies`) and would then never see the end of the
-        // connection, and the connection would never be torn down.
-        while frontend_still_there(&backend_r, &front_shut) {
-            let Ok(Some(msg)) = recv_message(&backend_r) else {
-                break;
-            };
-            let w = fw.lock().unwrap_or_else(|e| e.into_inner());
-            if msg.send_to(&w).is_err() {
-                break;
-            }
-            drop(w);
-            owed_r.paid();
-        }
+        relay_replies(&backend_r, &fw, &front_shut, &owed_r);
         owed_r.paid_all();
-        // The library ended the connection, or the frontend stopped taking
-        // replies: end both sides, so neither the library (blocked writing
-        // replies nobody reads) nor the request pump (blocked writing to the
+        // The library ended the connection, or the frontend is gone: end
+        // both sides, so neither the library (blocked writing replies
+        // nobody reads) nor the request pump (blocked writing to the
         // library) can stay stuck.
         let _ = front_shut.shutdown(Shutdown::Both);
         let _ = backend_r.shutdown(Shutdown::Both);
+        let _ = relayed.send(());
     })?;
 
     let result = pump_requests(
@@ -247,41 +233,95 @@ pub fn run(
         config,
         copies,
     );
-    let _ = backend.shutdown(Shutdown::Both);
-    let _ = frontend.shutdown(Shutdown::Both);
+    // No more requests: the library answers what it has (a frontend that
+    // only shut its sending side reads those replies), then closes, and
+    // the relay ends. A library that does not finish within a second (its
+    // thread waits behind a blocked worker) is cut off.
+    let _ = backend.shutdown(Shutdown::Write);
+    if relay_ended
+        .recv_timeout(std::time::Duration::from_secs(1))
+        .is_err()
+    {
+        let _ = backend.shutdown(Shutdown::Both);
+        let _ = frontend.shutdown(Shutdown::Both);
+    }
     let _ = replies.join();
     info!("frontend disconnected; {} sessions dropped", registry.len());
     result
 }
 
-/// Waits until the library has something to read on `library` (true) or
-/// the frontend has closed its end of `frontend` (false; `POLLHUP` or
-/// `POLLERR`; a frontend that only shuts its sending side still gets the
-/// replies to what it sent). A poll error also gives false.
-fn frontend_still_there(library: &UnixStream, frontend: &UnixStream) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd: library.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: frontend.as_raw_fd(),
-            events: 0,
-            revents: 0,
-        },
-    ];
+/// Relays the library's replies from `library` to the frontend
+/// (`frontend_w`), whole messages so that a CREATE reply can never land
+/// inside one, until the library closes its end.
+///
+/// It also watches `frontend` for the frontend closing its socket
+/// (`POLLHUP`, `POLLERR`; a frontend that only shuts its sending side still
+/// gets its replies). From then on replies are read and dropped, and the
+/// relay gives up once the request pump has taken none of the frontend's
+/// unread bytes (`FIONREAD`) for a second: the pump is then blocked writing
+/// to a library that stopped reading (its thread waits behind a blocked
+/// worker, see [`EventFdCopies`]) and would never see the end of the
+/// connection. While the pump still takes the frontend's last messages,
+/// the relay lets it.
+fn relay_replies(library: &UnixStream, frontend_w: &Mutex<UnixStream>, frontend: &UnixStream, owed: &Owed) {
+    let mut gone: Option<(std::time::Instant, usize)> = None;
     loop {
-        // SAFETY: poll(2) on an array of two pollfds of ours, no timeout.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n >= 0 {
-            break;
+        let mut fds = [
+            libc::pollfd {
+                fd: library.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: frontend.as_raw_fd(),
+                events: 0,
+                revents: 0,
+            },
+        ];
+        let timeout = if gone.is_some() { 20 } else { -1 };
+        // SAFETY: poll(2) on an array of two pollfds of ours.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) } < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
         }
-        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return false;
+        if gone.is_none() && fds[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            gone = Some((std::time::Instant::now(), unread(frontend)));
+        }
+        if fds[0].revents != 0 {
+            let Ok(Some(msg)) = recv_message(library) else {
+                return;
+            };
+            if gone.is_none() {
+                let w = frontend_w.lock().unwrap_or_else(|e| e.into_inner());
+                if msg.send_to(&w).is_err() {
+                    gone = Some((std::time::Instant::now(), unread(frontend)));
+                }
+            }
+            owed.paid();
+        }
+        if let Some((since, last)) = &mut gone {
+            let left = unread(frontend);
+            if left < *last {
+                (*since, *last) = (std::time::Instant::now(), left);
+            } else if since.elapsed() >= std::time::Duration::from_secs(1) {
+                return;
+            }
         }
     }
-    fds[1].revents & (libc::POLLHUP | libc::POLLERR) == 0
+}
+
+/// Bytes waiting unread on `sock` (`FIONREAD`; 0 if that fails).
+fn unread(sock: &UnixStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: ioctl(FIONREAD) writes one int, ours.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r < 0 {
+        0
+    } else {
+        usize::try_from(n).unwrap_or(0)
+    }
 }
 
 /// Replies the library still owes the frontend for forwarded messages.

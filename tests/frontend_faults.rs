@@ -2240,69 +2240,67 @@ fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() 
 /// daemon keeps copies of ([`EVENTFD_COPIES_PER_RING`]) leaves a worker the
 /// daemon cannot wake. It then exits with status 3 once the workers have
 /// used no CPU for 10 s, saying why, rather than serving nobody for good.
+/// Also when the frontend, gone, keeps kicking a second ring's worker
+/// through the kick eventfd it still holds, so that some worker always
+/// uses a little CPU (found by a fifth reviewer: the daemon then never
+/// exited); the cap on the whole teardown ends it then, a fraction of a
+/// second later with the default request size.
 #[test]
 fn a_worker_that_cannot_be_woken_ends_the_daemon_with_status_3() {
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    let sid = create_nist_session(&c);
-    call.write(u64::MAX - 1).unwrap();
-    clear_nonblock(call.as_raw_fd());
-    submit_raw_nist(&mem, &kick, sid, 1);
-    until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
-    let new: Vec<EventFd> = (0..EVENTFD_COPIES_PER_RING)
-        .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-        .collect();
-    for e in &new {
-        c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
-            .unwrap();
-    }
-    // A CREATE, answered by the daemon's proxy in order: all the messages
-    // before it have been taken (the proxy ends the connection as soon as
-    // the frontend hangs up, unread messages or not).
-    assert_eq!(create_nist_session_id(&c), 2);
-    drop(c);
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "still running after 20 s: threads {:?}\n{}",
-            std::fs::read_dir(format!("/proc/{}/task", daemon.pid()))
-                .unwrap()
-                .flatten()
-                .map(|t| {
-                    let r = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
-                    format!(
-                        "{} {} {}",
-                        r("comm").trim(),
-                        r("wchan"),
-                        r("syscall").split(' ').next().unwrap_or("")
-                    )
-                })
-                .collect::<Vec<_>>(),
-            daemon.log_tail(4000)
+    for kicks_after_leaving in [false, true] {
+        let mut daemon = Daemon::spawn(&["--queues", "2"]);
+        let c = Conn::negotiated(&daemon.sock);
+        let mem = sealable_memfd(MEM_SIZE);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &mem, &kick, &call);
+        let (kick1, call1) = (
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
         );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(status.code(), Some(3), "{}", daemon.log_tail(4000));
-    assert!(
-        start.elapsed() >= Duration::from_secs(10),
-        "{:?}",
-        start.elapsed()
-    );
-    assert!(
-        daemon
-            .log_tail(4000)
-            .contains("its queue workers have used no CPU"),
-        "{}",
-        daemon.log_tail(4000)
-    );
+        raw_ring_at(&c, 1, 0x84000, &kick1, &call1);
+        let sid = create_nist_session(&c);
+        call.write(u64::MAX - 1).unwrap();
+        clear_nonblock(call.as_raw_fd());
+        submit_raw_nist(&mem, &kick, sid, 1);
+        until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+        let new: Vec<EventFd> = (0..EVENTFD_COPIES_PER_RING)
+            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
+            .collect();
+        for e in &new {
+            c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
+                .unwrap();
+        }
+        // A CREATE, answered by the daemon's proxy in order: all the
+        // messages before it have been taken.
+        assert_eq!(create_nist_session_id(&c), 2);
+        drop(c);
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "kicks after leaving {kicks_after_leaving}: still running after 20 s\n{}",
+                daemon.log_tail(4000)
+            );
+            if kicks_after_leaving {
+                let _ = kick1.write(1);
+                std::thread::sleep(Duration::from_millis(2));
+            } else {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        let log = daemon.log_tail(4000);
+        assert_eq!(status.code(), Some(3), "{log}");
+        assert!(
+            start.elapsed() >= Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(log.contains("one stays blocked"), "{log}");
+    }
 }
 
 /// The frontend blocks a worker (call eventfd, as above), asks for
@@ -2350,6 +2348,35 @@ fn a_frontend_that_fills_the_library_socket_cannot_wedge_the_daemon() {
     drop(c);
     daemon.assert_alive("a frontend that filled the library's socket");
     assert_nist(&daemon.sock, "a frontend that filled the library's socket");
+}
+
+/// Honest ends of a connection, 30 times each (found by a fifth reviewer
+/// after the relay learned to notice a frontend closing): a frontend that
+/// sends GET_FEATURES and shuts only its sending side still gets the reply,
+/// and one that sends 50 messages and closes has them all taken, with no
+/// "connection ended" warning (they used to be cut off with EPIPE).
+#[test]
+fn a_frontend_that_half_closes_or_closes_after_sending_is_served_in_full() {
+    let mut daemon = Daemon::spawn(&[]);
+    for i in 0..30 {
+        let s = UnixStream::connect(&daemon.sock).unwrap();
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        (&s).write_all(&Conn::message(GET_FEATURES, V1, &[])).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut reply = Vec::new();
+        (&s).read_to_end(&mut reply).unwrap();
+        assert_eq!(reply.len(), 20, "half-close {i}: the GET_FEATURES reply");
+        assert_eq!(reply[..4], GET_FEATURES.to_le_bytes());
+    }
+    for _ in 0..30 {
+        let c = Conn::negotiated(&daemon.sock);
+        let m = Conn::message(SET_FEATURES, V1, &F_PROTOCOL_FEATURES.to_le_bytes());
+        (&c.s).write_all(&m.repeat(50)).unwrap();
+        drop(c);
+    }
+    daemon.assert_alive("frontends that half-close or close after sending");
+    let log = daemon.log_tail(1 << 20);
+    assert_eq!(log.matches("frontend connection ended").count(), 0, "{log}");
 }
 
 /// An honest frontend leaves while its guest has a ring of 256 large
