@@ -260,6 +260,12 @@ impl CryptoBackend {
         }
     }
 
+    /// The flag [`CryptoBackend::disconnect`] sets, for a caller that learns
+    /// of the disconnect first (the frontend proxy).
+    pub fn disconnect_flag(&self) -> Arc<AtomicBool> {
+        self.disconnected.clone()
+    }
+
     /// Tells the queue workers that the frontend has disconnected: each
     /// returns from its current batch or poll instead of serving the ring
     /// further (a guest may keep its ring busy after its frontend is gone).

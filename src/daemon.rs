@@ -163,7 +163,14 @@ pub fn serve_stream(
         require_sealed_memory: config.require_sealed_memory,
     };
     let mut copies = EventFdCopies::default();
-    match frontend_proxy::run(frontend, ours, registry, proxy, &mut copies) {
+    match frontend_proxy::run(
+        frontend,
+        ours,
+        registry,
+        proxy,
+        &mut copies,
+        backend.disconnect_flag(),
+    ) {
         Ok(()) => debug!("frontend connection closed cleanly"),
         Err(e) => warn!("frontend connection ended: {e}"),
     }

@@ -45,6 +45,7 @@ use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 
@@ -204,8 +205,10 @@ pub fn run(
     mut registry: SessionRegistry,
     config: ProxyConfig,
     copies: &mut EventFdCopies,
+    frontend_gone: Arc<AtomicBool>,
 ) -> io::Result<()> {
     let frontend_w = Arc::new(Mutex::new(frontend.try_clone()?));
+    let gone_r = frontend_gone.clone();
     let backend_r = backend.try_clone()?;
     let fw = frontend_w.clone();
     let front_shut = frontend.try_clone()?;
@@ -213,7 +216,7 @@ pub fn run(
     let owed_r = owed.clone();
     let (relayed, relay_ended) = std::sync::mpsc::channel::<()>();
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
-        relay_replies(&backend_r, &fw, &front_shut, &owed_r);
+        relay_replies(&backend_r, &fw, &front_shut, &owed_r, &gone_r);
         owed_r.paid_all();
         // The library ended the connection, or the frontend is gone: end
         // both sides, so neither the library (blocked writing replies
@@ -234,9 +237,11 @@ pub fn run(
         copies,
     );
     // No more requests: the library answers what it has (a frontend that
-    // only shut its sending side reads those replies), then closes, and
-    // the relay ends. A library that does not finish within a second (its
-    // thread waits behind a blocked worker) is cut off.
+    // only shut its sending side reads those replies; it has a second for
+    // that), then closes, and the relay ends. A library that does not
+    // finish within a second (its thread waits behind a blocked worker) is
+    // cut off. The queue workers stop serving the rings now.
+    frontend_gone.store(true, Ordering::Relaxed);
     let _ = backend.shutdown(Shutdown::Write);
     if relay_ended
         .recv_timeout(std::time::Duration::from_secs(1))
@@ -263,8 +268,17 @@ pub fn run(
 /// worker, see [`EventFdCopies`]) and would never see the end of the
 /// connection. While the pump still takes the frontend's last messages,
 /// the relay lets it.
-fn relay_replies(library: &UnixStream, frontend_w: &Mutex<UnixStream>, frontend: &UnixStream, owed: &Owed) {
-    let mut gone: Option<(std::time::Instant, usize)> = None;
+fn relay_replies(
+    library: &UnixStream,
+    frontend_w: &Mutex<UnixStream>,
+    frontend: &UnixStream,
+    owed: &Owed,
+    frontend_gone: &AtomicBool,
+) {
+    // (When the frontend was seen gone, when its unread bytes last went
+    // down, and how many there were then.)
+    let mut gone: Option<(std::time::Instant, std::time::Instant, usize)> = None;
+    let mut relaying = true;
     loop {
         let mut fds = [
             libc::pollfd {
@@ -287,30 +301,43 @@ fn relay_replies(library: &UnixStream, frontend_w: &Mutex<UnixStream>, frontend:
             return;
         }
         if gone.is_none() && fds[1].revents & (libc::POLLHUP | libc::POLLERR) != 0 {
-            gone = Some((std::time::Instant::now(), unread(frontend)));
+            // The queue workers stop now, not when the last messages are
+            // taken (the library's thread then gets the rings' locks
+            // within a batch, and takes them quickly).
+            frontend_gone.store(true, Ordering::Relaxed);
+            let now = std::time::Instant::now();
+            gone = Some((now, now, unread(frontend)));
+            relaying = false;
         }
         if fds[0].revents != 0 {
             let Ok(Some(msg)) = recv_message(library) else {
                 return;
             };
-            if gone.is_none() {
+            if relaying {
                 let w = frontend_w.lock().unwrap_or_else(|e| e.into_inner());
-                if msg.send_to(&w).is_err() {
-                    gone = Some((std::time::Instant::now(), unread(frontend)));
-                }
+                // A frontend that takes no more replies gets none; the
+                // pump sees the end of the connection.
+                relaying = msg.send_to(&w).is_ok();
             }
             owed.paid();
         }
-        if let Some((since, last)) = &mut gone {
+        if let Some((seen, since, last)) = &mut gone {
             let left = unread(frontend);
             if left < *last {
                 (*since, *last) = (std::time::Instant::now(), left);
             } else if since.elapsed() >= std::time::Duration::from_secs(1) {
                 return;
             }
+            if seen.elapsed() >= GONE_LIMIT {
+                return;
+            }
         }
     }
 }
+
+/// How long, once the frontend has closed its socket, the request pump may
+/// go on taking its last messages before the connection is cut.
+const GONE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Bytes waiting unread on `sock` (`FIONREAD`; 0 if that fails).
 fn unread(sock: &UnixStream) -> usize {
@@ -1014,6 +1041,7 @@ mod tests {
                 registry,
                 config,
                 &mut EventFdCopies::default(),
+                Arc::default(),
             )
         }));
         Rig { front, lib, thread }

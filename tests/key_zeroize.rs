@@ -252,7 +252,15 @@ fn session_messages_leave_no_key_on_the_heap() {
         num_queues: 1,
         require_sealed_memory: false,
     };
-    frontend_proxy::run(front_peer, lib_peer, registry, config, &mut Default::default()).unwrap();
+    frontend_proxy::run(
+        front_peer,
+        lib_peer,
+        registry,
+        config,
+        &mut Default::default(),
+        Default::default(),
+    )
+    .unwrap();
     let live = live_blocks_with_key();
     let freed = FREED_WITH_KEY.load(Ordering::Relaxed);
     TRACKING.set(false);
