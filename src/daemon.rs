@@ -350,7 +350,8 @@ pub fn init_logging() {
 /// then serve frontends one after another.
 ///
 /// # Errors
-/// The seccomp filter does not work here, or binding the socket failed.
+/// The frontend's eventfds cannot be checked here (no `/proc`), the
+/// seccomp filter does not work here, or binding the socket failed.
 pub fn run(config: &Config) -> Result<(), Error> {
     frontend_proxy::probe_eventfd_check().map_err(Error::EventFdCheck)?;
     let filter = if config.seccomp {

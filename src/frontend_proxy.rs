@@ -195,6 +195,10 @@ fn send_all(sock: &UnixStream, data: &[u8], fds: &[File]) -> io::Result<()> {
 
 /// Serves one frontend connection: pumps messages between `frontend` and
 /// `backend` (the library's end) until either side closes, then shuts both.
+/// Keeps copies of the rings' kick and call eventfds in `copies` for the
+/// teardown, and sets `frontend_gone` (the backend's disconnect flag) as
+/// soon as the frontend has closed or its messages have ended, so that the
+/// queue workers stop serving the rings.
 ///
 /// # Errors
 /// Socket errors; a malformed message from the frontend (payload over

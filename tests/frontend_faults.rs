@@ -2189,6 +2189,58 @@ fn until_a_worker_blocks_in(pid: u32, nr: libc::c_long, mut poke: impl FnMut()) 
     }
 }
 
+/// A daemon (`extra` arguments) whose ring 0 worker is blocked writing its
+/// call eventfd: ring 0 set up ([`raw_ring`]) and then `more`, the NIST
+/// session, then the frontend fills the call eventfd's counter, clears the
+/// `O_NONBLOCK` the daemon set on it (the flag is on the open file they
+/// share) and submits a request; returned once a worker sits in `write`.
+struct BlockedOnCall {
+    daemon: Daemon,
+    c: Conn,
+    mem: File,
+    _kick: EventFd,
+    _call: EventFd,
+}
+
+/// Gives ring 0 `n` new call eventfds, one after another (returned, to
+/// keep them open), then waits for the reply to a second CREATE: the
+/// daemon's proxy answers it in order, so it has taken every message
+/// before it (the proxy ends a connection as soon as the frontend closes,
+/// whatever it has not read).
+fn replace_call_eventfd(c: &Conn, n: usize) -> Vec<EventFd> {
+    let new: Vec<EventFd> = (0..n).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect();
+    for e in &new {
+        c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
+            .unwrap();
+    }
+    assert_eq!(create_nist_session_id(c), 2);
+    new
+}
+
+impl BlockedOnCall {
+    fn start(extra: &[&str], more: impl FnOnce(&Conn)) -> BlockedOnCall {
+        let daemon = Daemon::spawn(extra);
+        let c = Conn::negotiated(&daemon.sock);
+        let mem = sealable_memfd(MEM_SIZE);
+        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+        let call = EventFd::new(EFD_NONBLOCK).unwrap();
+        raw_ring(&c, &mem, &kick, &call);
+        more(&c);
+        let sid = create_nist_session(&c);
+        call.write(u64::MAX - 1).unwrap();
+        clear_nonblock(call.as_raw_fd());
+        submit_raw_nist(&mem, &kick, sid, 1);
+        until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+        BlockedOnCall {
+            daemon,
+            c,
+            mem,
+            _kick: kick,
+            _call: call,
+        }
+    }
+}
+
 /// The frontend clears the `O_NONBLOCK` the daemon set on its call eventfd
 /// (the flag is on the open file they share) and fills the counter: the
 /// worker's used-buffer notification blocks in `write`. Found by two fresh
@@ -2202,28 +2254,12 @@ fn until_a_worker_blocks_in(pid: u32, nr: libc::c_long, mut poke: impl FnMut()) 
 fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() {
     for replacements in [0, 1, EVENTFD_COPIES_PER_RING - 1] {
         let what = format!("a worker blocked writing the call eventfd, {replacements} new ones since");
-        let mut daemon = Daemon::spawn(&[]);
-        let c = Conn::negotiated(&daemon.sock);
-        let mem = sealable_memfd(MEM_SIZE);
-        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-        let call = EventFd::new(EFD_NONBLOCK).unwrap();
-        raw_ring(&c, &mem, &kick, &call);
-        let sid = create_nist_session(&c);
-        call.write(u64::MAX - 1).unwrap();
-        clear_nonblock(call.as_raw_fd());
-        submit_raw_nist(&mem, &kick, sid, 1);
-        until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+        let BlockedOnCall {
+            mut daemon, c, mem, ..
+        } = BlockedOnCall::start(&[], |_| {});
         // The request was completed before the notification blocked.
         assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
-        let new: Vec<EventFd> = (0..replacements)
-            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-            .collect();
-        for e in &new {
-            c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
-                .unwrap();
-        }
-        // All taken by the proxy (see the status-3 test below).
-        assert_eq!(create_nist_session_id(&c), 2);
+        let _new = replace_call_eventfd(&c, replacements);
         drop(c);
         daemon.assert_alive(&what);
         assert_nist(&daemon.sock, &what);
@@ -2250,32 +2286,13 @@ fn a_frontend_clearing_o_nonblock_on_its_call_eventfd_cannot_wedge_the_daemon() 
 #[test]
 fn a_worker_that_cannot_be_woken_ends_the_daemon_with_status_3() {
     for kicks_after_leaving in [false, true] {
-        let mut daemon = Daemon::spawn(&["--queues", "2"]);
-        let c = Conn::negotiated(&daemon.sock);
-        let mem = sealable_memfd(MEM_SIZE);
-        let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-        let call = EventFd::new(EFD_NONBLOCK).unwrap();
-        raw_ring(&c, &mem, &kick, &call);
         let (kick1, call1) = (
             EventFd::new(EFD_NONBLOCK).unwrap(),
             EventFd::new(EFD_NONBLOCK).unwrap(),
         );
-        raw_ring_at(&c, 1, 0x84000, &kick1, &call1);
-        let sid = create_nist_session(&c);
-        call.write(u64::MAX - 1).unwrap();
-        clear_nonblock(call.as_raw_fd());
-        submit_raw_nist(&mem, &kick, sid, 1);
-        until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
-        let new: Vec<EventFd> = (0..EVENTFD_COPIES_PER_RING)
-            .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
-            .collect();
-        for e in &new {
-            c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[e.as_raw_fd()])
-                .unwrap();
-        }
-        // A CREATE, answered by the daemon's proxy in order: all the
-        // messages before it have been taken.
-        assert_eq!(create_nist_session_id(&c), 2);
+        let BlockedOnCall { mut daemon, c, .. } =
+            BlockedOnCall::start(&["--queues", "2"], |c| raw_ring_at(c, 1, 0x84000, &kick1, &call1));
+        let _new = replace_call_eventfd(&c, EVENTFD_COPIES_PER_RING);
         drop(c);
         let start = Instant::now();
         let status = loop {
@@ -2315,17 +2332,7 @@ fn a_worker_that_cannot_be_woken_ends_the_daemon_with_status_3() {
 /// is served.
 #[test]
 fn a_frontend_that_fills_the_library_socket_cannot_wedge_the_daemon() {
-    let mut daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = sealable_memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    let sid = create_nist_session(&c);
-    call.write(u64::MAX - 1).unwrap();
-    clear_nonblock(call.as_raw_fd());
-    submit_raw_nist(&mem, &kick, sid, 1);
-    until_a_worker_blocks_in(daemon.pid(), libc::SYS_write, || {});
+    let BlockedOnCall { mut daemon, c, .. } = BlockedOnCall::start(&[], |_| {});
     c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
     c.s.set_nonblocking(true).unwrap();
     let m = Conn::message(SET_FEATURES, V1, &F_PROTOCOL_FEATURES.to_le_bytes());
