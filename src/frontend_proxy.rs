@@ -291,7 +291,9 @@ fn relay_replies(
                 revents: 0,
             },
             libc::pollfd {
-                fd: frontend.as_raw_fd(),
+                // Once it is gone, POLLHUP would end every poll at once:
+                // -1 leaves it out.
+                fd: if gone.is_some() { -1 } else { frontend.as_raw_fd() },
                 events: 0,
                 revents: 0,
             },
