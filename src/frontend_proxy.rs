@@ -709,29 +709,21 @@ pub fn check_ring_eventfd(request: u32, file: &File) -> io::Result<()> {
         Ok(target) => return bad(format!("the descriptor is {}, not an eventfd", target.display())),
         Err(e) => return bad(format!("cannot tell what the descriptor is (/proc/self/fd: {e})")),
     }
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
-    let semaphore = info
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .any(|(k, v)| k.trim() == "eventfd-semaphore" && v.trim() != "0");
-    if semaphore {
+    if fdinfo_field(file, "eventfd-semaphore").is_some_and(|v| v != "0") {
         return bad("the eventfd is in semaphore mode (EFD_SEMAPHORE)".into());
     }
-    // SAFETY: fcntl(F_GETFL) on a descriptor `file` owns; it takes no
-    // argument and touches no memory of ours.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if flags & libc::O_NONBLOCK != 0 {
-        return Ok(());
-    }
-    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor `file`
-    // owns; it touches no memory of ours.
-    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    set_nonblocking(fd)
+}
+
+/// The value of field `key` of `/proc/self/fdinfo/N` for `file` (e.g.
+/// `eventfd-id`, `eventfd-semaphore`), trimmed; `None` when the file or
+/// the field is not there.
+fn fdinfo_field(file: &File, key: &str) -> Option<String> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim() == key)
+        .map(|(_, v)| v.trim().to_string())
 }
 
 /// Checks that [`check_ring_eventfd`] works here, on an eventfd of its
@@ -785,11 +777,7 @@ pub struct EventFdCopies {
 
 /// The `eventfd-id` of an eventfd (`/proc/self/fdinfo`), if shown.
 fn eventfd_id(file: &File) -> Option<u64> {
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).ok()?;
-    info.lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim() == "eventfd-id")
-        .and_then(|(_, v)| v.trim().parse().ok())
+    fdinfo_field(file, "eventfd-id")?.parse().ok()
 }
 
 impl EventFdCopies {
@@ -854,7 +842,7 @@ impl EventFdCopies {
             // when the counter is 0.
             let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
             if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-                set_nonblocking(fd);
+                let _ = set_nonblocking(fd);
                 let _ = (&*call).read(&mut buf);
             }
         }
@@ -867,24 +855,33 @@ impl EventFdCopies {
             // SAFETY: poll(2) on one pollfd of ours, without waiting.
             let ready = unsafe { libc::poll(&mut p, 1, 0) };
             if ready == 1 && p.revents & libc::POLLIN == 0 && p.revents & libc::POLLOUT != 0 {
-                set_nonblocking(kick.as_raw_fd());
+                let _ = set_nonblocking(kick.as_raw_fd());
                 let _ = (&*kick).write(&1u64.to_ne_bytes());
             }
         }
     }
 }
 
-/// Sets `O_NONBLOCK` on `fd`'s open file (errors ignored: the caller's next
-/// read or write then blocks as before).
-fn set_nonblocking(fd: RawFd) {
-    // SAFETY: fcntl(F_GETFL), then F_SETFL with an int, on a descriptor the
-    // caller owns; no memory is passed.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
+/// Sets `O_NONBLOCK` on `fd`'s open file, if it is not set already.
+///
+/// # Errors
+/// The `fcntl` error.
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(F_GETFL) on a descriptor the caller owns; it takes no
+    // argument and touches no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
     }
+    if flags & libc::O_NONBLOCK != 0 {
+        return Ok(());
+    }
+    // SAFETY: fcntl(F_SETFL) with an int argument on a descriptor the
+    // caller owns; it touches no memory of ours.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// What the frontend has set up for one data ring since it was last stopped.
@@ -1443,10 +1440,9 @@ mod tests {
         unsafe { File::from_raw_fd(fd) }
     }
 
+    /// An eventfd's counter (`eventfd-count`, hexadecimal in fdinfo).
     fn count(f: &File) -> u64 {
-        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd())).unwrap();
-        let line = info.lines().find(|l| l.starts_with("eventfd-count:")).unwrap();
-        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+        u64::from_str_radix(&fdinfo_field(f, "eventfd-count").unwrap(), 16).unwrap()
     }
 
     /// One copy per eventfd and ring (QEMU's two alternating call eventfds
