@@ -16,6 +16,10 @@ use vhost_user_crypto::session_msg::SessionAbi;
 mod daemon;
 use daemon::spawn_daemon;
 
+#[path = "common/frontend_config.rs"]
+mod frontend_config;
+use frontend_config::one_queue;
+
 fn trace(name: &str) -> Trace {
     Trace::load(
         &Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -23,22 +27,6 @@ fn trace(name: &str) -> Trace {
             .join(name),
     )
     .unwrap()
-}
-
-/// One queue of `queue_size` entries, `queue_depth` requests of up to 64
-/// bytes in flight, layout C, indirect tables.
-fn one_queue(queue_size: u16, queue_depth: u16) -> FrontendConfig {
-    FrontendConfig {
-        queues: 1,
-        queue_size,
-        queue_depth,
-        max_payload: 64,
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
-    }
 }
 
 fn run(sock: &Path, t: &Trace, abi: SessionAbi, mode: DescMode, queues: u16) -> Report {

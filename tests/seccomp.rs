@@ -22,9 +22,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
+use vhost_crypto_replay::frontend::CryptoFrontend;
 use vhost_user_crypto::seccomp::WorkerFilter;
-use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
+use vhost_user_crypto::session_msg::SymSessionInfo;
 use vhost_user_crypto::wire::OpDataReq;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -318,6 +318,19 @@ fn worker_scenario(filter: &WorkerFilter) {
     );
 }
 
+/// Runs scenario `name`, which must exit successfully: its (stdout, stderr).
+#[track_caller]
+fn run_child_to_the_end(name: &str) -> (String, String) {
+    let out = run_child(name);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{name}: {:?}\n{stdout}\n{stderr}",
+        out.status
+    );
+    (stdout, stderr)
+}
+
 #[track_caller]
 fn assert_killed_by_sigsys(name: &str) {
     assert_killed_by(name, libc::SIGSYS);
@@ -376,10 +389,7 @@ fn sigaction_is_limited_to_sigsegv_and_sigbus() {
 /// process by SIGSYS).
 #[test]
 fn a_panic_on_a_filtered_thread_ends_only_that_thread() {
-    let out = run_child("panic");
-    let stdout = text(&out.stdout);
-    let stderr = text(&out.stderr);
-    assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = run_child_to_the_end("panic");
     assert!(stdout.contains("filter installed"), "{stdout}");
     assert!(
         stdout.lines().any(|l| l == "the panicking thread ended: true"),
@@ -400,10 +410,7 @@ fn a_fault_on_truncated_memory_ends_the_process_by_sigbus() {
 
 #[test]
 fn everything_a_worker_does_is_allowed() {
-    let out = run_child("worker");
-    let stdout = text(&out.stdout);
-    let stderr = text(&out.stderr);
-    assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
+    let (stdout, stderr) = run_child_to_the_end("worker");
     for line in [
         "epoll events: 1 data 7",
         "kick: 1",
@@ -432,6 +439,9 @@ fn everything_a_worker_does_is_allowed() {
 mod daemon;
 use daemon::spawn_daemon_logged;
 
+#[path = "common/frontend_config.rs"]
+mod frontend_config;
+
 fn spawn_daemon(extra: &[&str]) -> daemon::Daemon {
     spawn_daemon_logged(extra, "info")
 }
@@ -450,18 +460,7 @@ const CT: [u8; 16] = [
 /// Connects, creates an encrypt session and runs F.2.1's first block on
 /// queue 0; returns the frontend (still connected, so its workers live).
 fn serve_nist(sock: &Path) -> CryptoFrontend {
-    let cfg = FrontendConfig {
-        queues: 1,
-        queue_size: 64,
-        queue_depth: 8,
-        max_payload: 64,
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
-    };
-    let mut fe = CryptoFrontend::connect(sock, &cfg).unwrap();
+    let mut fe = CryptoFrontend::connect(sock, &frontend_config::one_queue(64, 8)).unwrap();
     let info = SymSessionInfo {
         op_code: 2,
         ..SymSessionInfo::aes_cbc(&KEY, 1)
