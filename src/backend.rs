@@ -43,6 +43,12 @@ pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | VIRTIO_F_NOTIFY_ON_EMPTY
     | VHOST_USER_F_PROTOCOL_FEATURES;
 
+/// vhost-user protocol features the backend offers (vhost-user spec,
+/// "Protocol features"): `MQ` (bit 0), `REPLY_ACK` (bit 3) and
+/// `CRYPTO_SESSION` (bit 7). The frontend layer refuses a
+/// `SET_PROTOCOL_FEATURES` with any other bit.
+pub const PROTOCOL_FEATURES: u64 = (1 << 0) | (1 << 3) | (1 << 7);
+
 /// The virtio-crypto device backend for one frontend connection.
 pub struct CryptoBackend {
     queues: usize,
@@ -291,9 +297,7 @@ impl VhostUserBackend for CryptoBackend {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CRYPTO_SESSION
-            | VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
+        VhostUserProtocolFeatures::from_bits_truncate(PROTOCOL_FEATURES)
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -369,3 +373,20 @@ impl VhostUserBackend for CryptoBackend {
 
 /// Shared handle type used by the daemon.
 pub type SharedBackend = Arc<CryptoBackend>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offered_protocol_features_are_mq_reply_ack_and_crypto_session() {
+        // Bits 0, 3 and 7 of the vhost-user spec's "Protocol features".
+        assert_eq!(PROTOCOL_FEATURES, 0x89);
+        assert_eq!(
+            VhostUserProtocolFeatures::from_bits_truncate(PROTOCOL_FEATURES),
+            VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::REPLY_ACK
+                | VhostUserProtocolFeatures::CRYPTO_SESSION
+        );
+    }
+}

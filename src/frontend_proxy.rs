@@ -521,6 +521,17 @@ fn pump_requests(
                 }
                 if request == VHOST_USER_SET_PROTOCOL_FEATURES && msg.payload.len() == 8 {
                     acked_protocol = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
+                    // The library takes any bits (vhost-user-backend 0.24
+                    // `set_protocol_features`), and would then serve
+                    // messages of features never offered (e.g. ADD_MEM_REG
+                    // without a region limit under CONFIGURE_MEM_SLOTS).
+                    let unoffered = acked_protocol & !crate::backend::PROTOCOL_FEATURES;
+                    if unoffered != 0 {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("SET_PROTOCOL_FEATURES acks {unoffered:#x}, which was not offered"),
+                        ));
+                    }
                 }
                 if request == VHOST_USER_GET_FEATURES {
                     features_offered = true;

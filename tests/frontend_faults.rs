@@ -2939,3 +2939,107 @@ fn a_ring_disabled_while_busy_stops_and_comes_back() {
     assert!(u3 != u2, "the ring is not served again once enabled");
     r.finish("ring disabled and enabled under a busy guest");
 }
+
+// ---- Frontend descriptors, memory files and protocol features (ninth session) ----
+
+/// `VHOST_USER_PROTOCOL_F_*` bits the daemon does not offer (vhost-user
+/// spec, "Protocol features"): CONFIG, INFLIGHT_SHMFD, CONFIGURE_MEM_SLOTS.
+const PF_CONFIG: u64 = 1 << 9;
+const PF_INFLIGHT_SHMFD: u64 = 1 << 12;
+const PF_CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
+const GET_MAX_MEM_SLOTS: u32 = 36;
+const ADD_MEM_REG: u32 = 37;
+
+/// SET_PROTOCOL_FEATURES with bits GET_PROTOCOL_FEATURES did not offer
+/// must be refused (error ack or disconnect), as SET_FEATURES with
+/// unoffered virtio bits is (`malformed_messages_never_crash_the_daemon`):
+/// a feature is negotiated only when the backend offered it and the
+/// frontend acked it, and the messages those features bring
+/// (GET_CONFIG/SET_CONFIG, GET_INFLIGHT_FD, ADD_MEM_REG/REM_MEM_REG) are
+/// otherwise served by code paths the daemon never meant to expose.
+#[test]
+fn protocol_features_the_backend_did_not_offer_are_refused() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mut accepted = Vec::new();
+    for (name, bit) in [
+        ("CONFIG", PF_CONFIG),
+        ("INFLIGHT_SHMFD", PF_INFLIGHT_SHMFD),
+        ("CONFIGURE_MEM_SLOTS", PF_CONFIGURE_MEM_SLOTS),
+        ("all 64 bits", u64::MAX),
+    ] {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(GET_PROTOCOL_FEATURES, V1, &[], &[]).unwrap();
+        let offered = c.reply_u64(GET_PROTOCOL_FEATURES);
+        assert_ne!(bit & !offered, 0, "{name} is offered ({offered:#x})");
+        c.send(
+            SET_PROTOCOL_FEATURES,
+            V1 | NEED_REPLY,
+            &(PF_CRYPTO_SESSION | PF_REPLY_ACK | bit).to_le_bytes(),
+            &[],
+        )
+        .unwrap();
+        let o = accepted_or_refused(&c, SET_PROTOCOL_FEATURES);
+        if o == "accepted" {
+            accepted.push(format!("{name} ({bit:#x}; offered {offered:#x})"));
+        }
+        drop(c);
+        daemon.assert_alive(name);
+    }
+    assert!(
+        accepted.is_empty(),
+        "SET_PROTOCOL_FEATURES acked with 0 for bits never offered: {}",
+        accepted.join(", ")
+    );
+}
+
+/// The daemon answers GET_MAX_MEM_SLOTS (once a frontend acked
+/// CONFIGURE_MEM_SLOTS, which it never offered, see
+/// `protocol_features_the_backend_did_not_offer_are_refused`) with 509;
+/// ADD_MEM_REG past that many regions must be refused (error ack or
+/// disconnect), not mapped: each region keeps the frontend's descriptor
+/// open in the daemon, so the frontend could otherwise pile up mappings
+/// and descriptors until the process limit.
+#[test]
+fn add_mem_reg_past_the_slots_the_daemon_reported_is_refused() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    c.send(
+        SET_PROTOCOL_FEATURES,
+        V1 | NEED_REPLY,
+        &(PF_CRYPTO_SESSION | PF_REPLY_ACK | PF_CONFIGURE_MEM_SLOTS).to_le_bytes(),
+        &[],
+    )
+    .unwrap();
+    if accepted_or_refused(&c, SET_PROTOCOL_FEATURES) != "accepted" {
+        // Refused at negotiation: no ADD_MEM_REG to send.
+        return;
+    }
+    c.send(GET_MAX_MEM_SLOTS, V1, &[], &[]).unwrap();
+    let slots = c.reply_u64(GET_MAX_MEM_SLOTS);
+    let before = daemon.snapshot();
+    let page = memfd(4096);
+    let mut added = 0u64;
+    for i in 0..slots + 100 {
+        // VhostUserSingleMemoryRegion: padding, guest address, size,
+        // frontend address, mmap offset; one 4 KiB region per message.
+        let mut p = vec![0u8; 8];
+        for v in [i * 4096, 4096, UADDR + i * 4096, 0] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        c.send(ADD_MEM_REG, V1 | NEED_REPLY, &p, &[page.as_raw_fd()])
+            .unwrap();
+        if accepted_or_refused(&c, ADD_MEM_REG) != "accepted" {
+            break;
+        }
+        added += 1;
+    }
+    let after = daemon.snapshot();
+    drop(c);
+    daemon.assert_alive("ADD_MEM_REG past the slots");
+    assert!(
+        added <= slots,
+        "{added} regions added, GET_MAX_MEM_SLOTS said {slots}; daemon descriptors {} -> {}",
+        before.fds,
+        after.fds
+    );
+}
