@@ -35,7 +35,15 @@
 //!   size checked is the size for good; a file that cannot be sealed is
 //!   accepted with a warning, or ends the connection with
 //!   `--require-sealed-memory` (see [`seal_against_shrinking`]);
-//! * everything else: forwarded unchanged, with its file descriptors.
+//! * `SET_PROTOCOL_FEATURES` with a bit the daemon did not offer ends the
+//!   connection (the library would take it);
+//! * descriptors: one per region of `SET_MEM_TABLE`, one with
+//!   `ADD_MEM_REG`, at most one with a ring's eventfd message (another
+//!   count ends the connection); those of other messages are closed, not
+//!   forwarded. Every descriptor the frontend sends is closed on the
+//!   connection's closer thread (`Fds`), and so is the frontend's socket
+//!   at the end;
+//! * everything else: forwarded unchanged.
 //!
 //! Backend-to-frontend bytes (replies) are forwarded unchanged with their
 //! file descriptors.
@@ -43,7 +51,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -124,7 +132,63 @@ pub enum AbiChoice {
 struct Message {
     hdr: [u8; VHOST_USER_HDR_SIZE],
     payload: Zeroizing<Vec<u8>>,
-    fds: Vec<File>,
+    fds: Fds,
+}
+
+/// Descriptors received from a peer. Those of the frontend are closed on
+/// the connection's closer thread (see [`Closer`]), never where they are
+/// dropped: the frontend chooses what they are, and closing some of them
+/// blocks for as long as it likes (a TCP socket with `SO_LINGER` and
+/// unsent data, socket(7); a FUSE file it serves).
+struct Fds {
+    files: Vec<File>,
+    closer: Option<Closer>,
+}
+
+impl std::ops::Deref for Fds {
+    type Target = [File];
+    fn deref(&self) -> &[File] {
+        &self.files
+    }
+}
+
+impl Drop for Fds {
+    fn drop(&mut self) {
+        if let Some(closer) = &self.closer {
+            for f in self.files.drain(..) {
+                closer.close(f.into());
+            }
+        }
+    }
+}
+
+/// Where a connection's frontend descriptors are closed: a thread of the
+/// connection's own (`vuc-closer`), not waited for. If closing one blocks,
+/// only that thread waits (and the descriptors behind it stay open until
+/// it is done); the request pump, the teardown and later connections go on.
+#[derive(Clone)]
+struct Closer(std::sync::mpsc::Sender<OwnedFd>);
+
+impl Closer {
+    /// Starts the closer thread; it ends once every `Closer` is dropped and
+    /// it has closed what it was given.
+    fn start() -> io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        thread::Builder::new().name("vuc-closer".into()).spawn(move || {
+            for fd in rx {
+                drop(fd);
+            }
+        })?;
+        Ok(Closer(tx))
+    }
+
+    /// Hands `fd` to the closer thread (or, if that thread is gone, which
+    /// cannot happen while a `Closer` exists, drops it here).
+    fn close(&self, fd: OwnedFd) {
+        if let Err(std::sync::mpsc::SendError(fd)) = self.0.send(fd) {
+            drop(fd);
+        }
+    }
 }
 
 impl Message {
@@ -144,9 +208,15 @@ impl Drop for Message {
     }
 }
 
-/// Receives into `buf`, returning bytes read and the fds that came with them.
+/// Most descriptors one `sendmsg` can pass (`SCM_MAX_FD`, unix(7)).
+const SCM_MAX_FD: usize = 253;
+
+/// Receives into `buf`, returning bytes read and the fds that came with
+/// them. There is room for as many descriptors as a peer can send with
+/// one `sendmsg`: the kernel would close those that do not fit, on this
+/// thread (see [`Fds`]).
 fn recv_some(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<File>)> {
-    let mut fds = [-1 as RawFd; MAX_ATTACHED_FDS];
+    let mut fds = [-1 as RawFd; SCM_MAX_FD];
     let mut iov = [libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
@@ -162,14 +232,35 @@ fn recv_some(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Vec<File>)
     Ok((n, files))
 }
 
-fn recv_message(sock: &UnixStream) -> io::Result<Option<Message>> {
+/// Receives one whole message from `sock`, with every descriptor that came
+/// with any of its bytes (a plain `read` would let the kernel close those,
+/// see [`recv_some`]). Descriptors go to `closer` when dropped, if given.
+/// `None` at the end of the stream before a header.
+fn recv_message(sock: &UnixStream, closer: Option<&Closer>) -> io::Result<Option<Message>> {
+    let mut fds = Fds {
+        files: Vec::new(),
+        closer: closer.cloned(),
+    };
+    let recv_exact = |buf: &mut [u8], fds: &mut Fds| -> io::Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            let (n, more) = match recv_some(sock, &mut buf[got..]) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            };
+            fds.files.extend(more);
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok(got)
+    };
     let mut hdr = [0u8; VHOST_USER_HDR_SIZE];
-    let (n, fds) = recv_some(sock, &mut hdr)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if n < hdr.len() {
-        (&*sock).read_exact(&mut hdr[n..])?;
+    match recv_exact(&mut hdr, &mut fds)? {
+        0 => return Ok(None),
+        n if n < hdr.len() => return Err(io::ErrorKind::UnexpectedEof.into()),
+        _ => {}
     }
     let (_, _, size) = decode_header(&hdr);
     let size = size as usize;
@@ -180,7 +271,18 @@ fn recv_message(sock: &UnixStream) -> io::Result<Option<Message>> {
         ));
     }
     let mut payload = Zeroizing::new(vec![0u8; size]);
-    (&*sock).read_exact(&mut payload)?;
+    if recv_exact(&mut payload, &mut fds)? < size {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    if fds.len() > MAX_ATTACHED_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{} descriptors on one message (at most {MAX_ATTACHED_FDS})",
+                fds.len()
+            ),
+        ));
+    }
     Ok(Some(Message { hdr, payload, fds }))
 }
 
@@ -218,6 +320,7 @@ pub fn run(
     let front_shut = frontend.try_clone()?;
     let owed = Arc::new(Owed::default());
     let owed_r = owed.clone();
+    let closer = Closer::start()?;
     let (relayed, relay_ended) = std::sync::mpsc::channel::<()>();
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
         relay_replies(&backend_r, &fw, &front_shut, &owed_r, &gone_r);
@@ -239,6 +342,7 @@ pub fn run(
         &mut registry,
         config,
         copies,
+        &closer,
     );
     // No more requests: the library answers what it has (a frontend that
     // only shut its sending side reads those replies; it has a second for
@@ -255,6 +359,13 @@ pub fn run(
         let _ = frontend.shutdown(Shutdown::Both);
     }
     let _ = replies.join();
+    // The last copy of the frontend's socket is closed on the closer
+    // thread: closing it releases the descriptors still queued on it
+    // unread, which may be ones whose close blocks.
+    closer.close(frontend.into());
+    if let Ok(w) = Arc::try_unwrap(frontend_w) {
+        closer.close(w.into_inner().unwrap_or_else(|e| e.into_inner()).into());
+    }
     info!("frontend disconnected; {} sessions dropped", registry.len());
     result
 }
@@ -316,7 +427,7 @@ fn relay_replies(
             relaying = false;
         }
         if fds[0].revents != 0 {
-            let Ok(Some(msg)) = recv_message(library) else {
+            let Ok(Some(msg)) = recv_message(library, None) else {
                 return;
             };
             if relaying {
@@ -430,6 +541,7 @@ fn ack_message(request: u32, value: u64) -> [u8; VHOST_USER_HDR_SIZE + 8] {
     m
 }
 
+#[allow(clippy::too_many_arguments)]
 fn pump_requests(
     frontend: &UnixStream,
     backend: &UnixStream,
@@ -438,6 +550,7 @@ fn pump_requests(
     registry: &mut SessionRegistry,
     config: ProxyConfig,
     copies: &mut EventFdCopies,
+    closer: &Closer,
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
     let mut acked_protocol: u64 = 0;
@@ -446,7 +559,7 @@ fn pump_requests(
     // VHOST_USER_F_PROTOCOL_FEATURES) for REPLY_ACK, not the acked ones.
     let mut features_offered = false;
     let mut rings = vec![RingSetup::default(); config.num_queues];
-    while let Some(msg) = recv_message(frontend)? {
+    while let Some(mut msg) = recv_message(frontend, Some(closer))? {
         let (request, flags, _) = decode_header(&msg.hdr);
         match request {
             VHOST_USER_CREATE_CRYPTO_SESSION => {
@@ -474,6 +587,18 @@ fn pump_requests(
                     "forwarding request {request} (flags {flags:#x}, {} fds)",
                     msg.fds.len()
                 );
+                check_descriptor_count(request, &msg.payload, msg.fds.len())?;
+                if !takes_descriptors(request) && !msg.fds.is_empty() {
+                    // Only descriptors checked here reach the library,
+                    // which would close the others on its own threads.
+                    debug!(
+                        "request {request} takes no descriptors: {} dropped",
+                        msg.fds.len()
+                    );
+                    for f in std::mem::take(&mut msg.fds.files) {
+                        closer.close(f.into());
+                    }
+                }
                 if request == VHOST_USER_SET_VRING_NUM && msg.payload.len() == 8 {
                     // vhost-user-backend only checks 1..=max; virtio-queue then
                     // silently keeps the old size for a non-power of two. A
@@ -505,7 +630,7 @@ fn pump_requests(
                     request,
                     VHOST_USER_SET_VRING_KICK | VHOST_USER_SET_VRING_CALL | VHOST_USER_SET_VRING_ERR
                 ) {
-                    for file in &msg.fds {
+                    for file in msg.fds.iter() {
                         check_ring_eventfd(request, file)?;
                     }
                     if let ([file], Some(word)) = (&msg.fds[..], msg.payload.get(..8)) {
@@ -569,6 +694,51 @@ fn pump_requests(
         }
     }
     Ok(())
+}
+
+/// Whether the daemon takes descriptors with `request`: the memory table
+/// and region, and the rings' eventfds. Other messages that carry
+/// descriptors in the vhost-user spec (SET_LOG_BASE, SET_LOG_FD,
+/// SET_BACKEND_REQ_FD, SET_INFLIGHT_FD, SET_DEVICE_STATE_FD, REM_MEM_REG)
+/// belong to features the daemon does not offer.
+fn takes_descriptors(request: u32) -> bool {
+    matches!(
+        request,
+        VHOST_USER_SET_MEM_TABLE
+            | VHOST_USER_ADD_MEM_REG
+            | VHOST_USER_SET_VRING_KICK
+            | VHOST_USER_SET_VRING_CALL
+            | VHOST_USER_SET_VRING_ERR
+    )
+}
+
+/// Checks how many descriptors a message that takes them carries: one per
+/// region of a SET_MEM_TABLE (u32 count at the start of its payload), one
+/// with ADD_MEM_REG, at most one with a ring's eventfd message. Each one
+/// the library gets has been checked here, and it gets no others.
+///
+/// # Errors
+/// `InvalidData` (the connection ends) for any other count.
+fn check_descriptor_count(request: u32, payload: &[u8], fds: usize) -> io::Result<()> {
+    let expected = match request {
+        VHOST_USER_SET_MEM_TABLE => {
+            let Some(n) = payload.get(..4) else {
+                return Ok(()); // the memory check refuses it
+            };
+            let n = u32::from_le_bytes(n.try_into().unwrap_or_default()) as usize;
+            n..=n
+        }
+        VHOST_USER_ADD_MEM_REG => 1..=1,
+        VHOST_USER_SET_VRING_KICK | VHOST_USER_SET_VRING_CALL | VHOST_USER_SET_VRING_ERR => 0..=1,
+        _ => return Ok(()),
+    };
+    if expected.contains(&fds) {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("request {request} carries {fds} descriptors, not {expected:?}"),
+    ))
 }
 
 /// Seals each region's file of a SET_MEM_TABLE / ADD_MEM_REG against
@@ -1352,6 +1522,43 @@ mod tests {
     fn seals(f: &File) -> i32 {
         // SAFETY: F_GET_SEALS on a descriptor we own.
         unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) }
+    }
+
+    #[test]
+    fn only_checked_descriptors_reach_the_library() {
+        let one = table(4096, 0);
+        // SET_MEM_TABLE: one descriptor per region, by its count field.
+        assert!(check_descriptor_count(VHOST_USER_SET_MEM_TABLE, &one, 1).is_ok());
+        for n in [0, 2, 33] {
+            let e = check_descriptor_count(VHOST_USER_SET_MEM_TABLE, &one, n).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{n} fds");
+        }
+        assert!(check_descriptor_count(VHOST_USER_ADD_MEM_REG, &[], 1).is_ok());
+        assert!(check_descriptor_count(VHOST_USER_ADD_MEM_REG, &[], 2).is_err());
+        for r in [
+            VHOST_USER_SET_VRING_KICK,
+            VHOST_USER_SET_VRING_CALL,
+            VHOST_USER_SET_VRING_ERR,
+        ] {
+            assert!(check_descriptor_count(r, &[], 0).is_ok());
+            assert!(check_descriptor_count(r, &[], 1).is_ok());
+            assert!(check_descriptor_count(r, &[], 2).is_err(), "{r}");
+            assert!(takes_descriptors(r));
+        }
+        // Messages of features the daemon does not offer: their
+        // descriptors are not forwarded (SET_LOG_BASE, SET_LOG_FD,
+        // SET_BACKEND_REQ_FD, SET_INFLIGHT_FD, SET_DEVICE_STATE_FD).
+        for r in [
+            6,
+            7,
+            21,
+            32,
+            42,
+            VHOST_USER_GET_FEATURES,
+            VHOST_USER_CREATE_CRYPTO_SESSION,
+        ] {
+            assert!(!takes_descriptors(r), "{r}");
+        }
     }
 
     #[test]

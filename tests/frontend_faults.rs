@@ -2942,6 +2942,713 @@ fn a_ring_disabled_while_busy_stops_and_comes_back() {
 
 // ---- Frontend descriptors, memory files and protocol features (ninth session) ----
 
+/// Connections of one kind, `n` of them in a row; resource use of the
+/// daemon before and after (idle snapshots).
+fn per_kind_growth(daemon: &Daemon, n: usize, mut one: impl FnMut(&Path)) -> (Snapshot, Snapshot) {
+    let before = daemon.idle_snapshot();
+    for _ in 0..n {
+        one(&daemon.sock);
+    }
+    // The last one's teardown.
+    let after = daemon.idle_snapshot();
+    (before, after)
+}
+
+#[test]
+fn connection_kinds_leave_no_descriptors_or_threads_behind() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mut report = Vec::new();
+    let n = 60;
+    type Kind = (&'static str, Box<dyn FnMut(&Path)>);
+    let kinds: Vec<Kind> = vec![
+        ("connect+close", Box::new(|s: &Path| drop(Conn::open(s)))),
+        ("negotiated", Box::new(|s: &Path| drop(Conn::negotiated(s)))),
+        (
+            "ring+session, no GET_VRING_BASE",
+            Box::new(|s: &Path| {
+                let c = Conn::negotiated(s);
+                let mem = memfd(MEM_SIZE);
+                let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+                let call = EventFd::new(EFD_NONBLOCK).unwrap();
+                raw_ring(&c, &mem, &kick, &call);
+                let sid = create_nist_session(&c);
+                assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
+            }),
+        ),
+        (
+            "33 fds on GET_FEATURES",
+            Box::new(|s: &Path| {
+                let c = Conn::negotiated(s);
+                let evs: Vec<EventFd> = (0..33).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect();
+                let fds: Vec<RawFd> = evs.iter().map(|e| e.as_raw_fd()).collect();
+                let _ = c.send(GET_FEATURES, V1, &[], &fds);
+                let _ = c.recv();
+            }),
+        ),
+        (
+            "SET_VRING_ERR",
+            Box::new(|s: &Path| {
+                let c = Conn::negotiated(s);
+                let e = EventFd::new(EFD_NONBLOCK).unwrap();
+                c.send(
+                    SET_VRING_ERR,
+                    V1 | NEED_REPLY,
+                    &0u64.to_le_bytes(),
+                    &[e.as_raw_fd()],
+                )
+                .unwrap();
+                let _ = c.recv();
+            }),
+        ),
+        (
+            "SET_DEVICE_STATE_FD",
+            Box::new(|s: &Path| {
+                let c = Conn::negotiated(s);
+                let (r, _w) = pipe();
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&0u32.to_le_bytes());
+                c.send(42, V1, &p, &[r.as_raw_fd()]).unwrap();
+                let _ = c.recv();
+            }),
+        ),
+        (
+            "BACKEND_REQ acked + SET_BACKEND_REQ_FD",
+            Box::new(|s: &Path| {
+                let c = Conn::negotiated(s);
+                c.send(
+                    SET_PROTOCOL_FEATURES,
+                    V1 | NEED_REPLY,
+                    &(PF_CRYPTO_SESSION | PF_REPLY_ACK | 1 << 5).to_le_bytes(),
+                    &[],
+                )
+                .unwrap();
+                let _ = c.recv();
+                // (BACKEND_REQ was not offered: the daemon has closed the
+                // connection by now.)
+                let (a, _b) = UnixStream::pair().unwrap();
+                let _ = c.send(21, V1 | NEED_REPLY, &[], &[a.as_raw_fd()]);
+                let _ = c.recv();
+            }),
+        ),
+    ];
+    for (name, mut one) in kinds {
+        let (b, a) = per_kind_growth(&daemon, n, &mut one);
+        report.push(format!(
+            "{name}: fds {} -> {}, threads {} -> {}, rss {} -> {} KiB, maps {} -> {}",
+            b.fds, a.fds, b.threads, a.threads, b.rss_kib, a.rss_kib, b.memfd_maps, a.memfd_maps
+        ));
+        assert_eq!(
+            (a.fds, a.threads, a.memfd_maps),
+            (b.fds, b.threads, 0),
+            "after {n} x {name}"
+        );
+        assert!(
+            a.rss_kib < b.rss_kib + 2048,
+            "RSS after {n} x {name}: {} -> {} KiB",
+            b.rss_kib,
+            a.rss_kib
+        );
+    }
+    daemon.assert_alive("probes");
+    eprintln!("{}", report.join("\n"));
+}
+
+/// What came back for one request on a raw connection (any reply).
+fn outcome_of(c: &Conn) -> String {
+    match c.recv() {
+        Got::Msg(r, f, p) if p.len() == 8 => format!(
+            "reply {r} flags {f:#x} value {}",
+            u64::from_le_bytes(p[..8].try_into().unwrap())
+        ),
+        Got::Msg(r, f, p) => format!("reply {r} flags {f:#x} {} bytes", p.len()),
+        Got::Closed => "disconnect".into(),
+        Got::TimedOut => "no answer".into(),
+    }
+}
+
+#[test]
+fn message_variants_get_an_answer_or_a_clean_disconnect() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mut report = Vec::new();
+    let mem = memfd(MEM_SIZE);
+    let mfd = mem.as_raw_fd();
+    let two = memfd(2 * MEM_SIZE);
+    let spare = EventFd::new(EFD_NONBLOCK).unwrap();
+    type Step = (u32, u32, Vec<u8>, Vec<RawFd>);
+    let ack = |pf: u64| {
+        (
+            SET_PROTOCOL_FEATURES,
+            V1 | NEED_REPLY,
+            (PF_CRYPTO_SESSION | PF_REPLY_ACK | pf).to_le_bytes().to_vec(),
+            vec![],
+        )
+    };
+    let mt =
+        |r: &[(u64, u64, u64, u64)], fds: Vec<RawFd>| (SET_MEM_TABLE, V1 | NEED_REPLY, mem_table(r), fds);
+    let cases: Vec<(&str, Vec<Step>)> = vec![
+        (
+            "overlapping regions",
+            vec![mt(
+                &[(0, MEM_SIZE, UADDR, 0), (0x8000, MEM_SIZE, UADDR + (4 << 20), 0)],
+                vec![mfd, mfd],
+            )],
+        ),
+        (
+            "offset beyond file",
+            vec![mt(&[(0, 4096, UADDR, 2 * MEM_SIZE)], vec![mfd])],
+        ),
+        (
+            "offset not page aligned",
+            vec![mt(&[(0, 4096, UADDR, 100)], vec![mfd])],
+        ),
+        (
+            "size not page multiple",
+            vec![mt(&[(0, 100, UADDR, 0)], vec![mfd])],
+        ),
+        (
+            "gpa near u64 max",
+            vec![mt(&[(u64::MAX - 4095, 4096, UADDR, 0)], vec![mfd])],
+        ),
+        (
+            "uaddr overlap",
+            vec![mt(
+                &[(0, MEM_SIZE, UADDR, 0), (4 << 20, MEM_SIZE, UADDR, 0)],
+                vec![mfd, mfd],
+            )],
+        ),
+        (
+            "32 regions",
+            vec![mt(
+                &(0..32)
+                    .map(|i| (i << 16, 1 << 16, UADDR + (i << 16), i << 15))
+                    .collect::<Vec<_>>(),
+                vec![two.as_raw_fd(); 32],
+            )],
+        ),
+        (
+            "SET_MEM_TABLE twice, then ring",
+            vec![
+                mt(&[(0, MEM_SIZE, UADDR, 0)], vec![mfd]),
+                mt(&[(0, MEM_SIZE, UADDR, 0)], vec![mfd]),
+                (SET_VRING_NUM, V1 | NEED_REPLY, vring_state(0, 256), vec![]),
+                (
+                    SET_VRING_ADDR,
+                    V1 | NEED_REPLY,
+                    vring_addr(0, UADDR + RAW_DESC, UADDR + RAW_USED, UADDR + RAW_AVAIL),
+                    vec![],
+                ),
+            ],
+        ),
+        (
+            "ring crosses end of memory",
+            vec![
+                mt(&[(0, MEM_SIZE, UADDR, 0)], vec![mfd]),
+                (SET_VRING_NUM, V1 | NEED_REPLY, vring_state(0, 256), vec![]),
+                (
+                    SET_VRING_ADDR,
+                    V1 | NEED_REPLY,
+                    vring_addr(
+                        0,
+                        UADDR + MEM_SIZE - 16,
+                        UADDR + MEM_SIZE - 8,
+                        UADDR + MEM_SIZE - 2,
+                    ),
+                    vec![],
+                ),
+            ],
+        ),
+        (
+            "ring misaligned",
+            vec![
+                mt(&[(0, MEM_SIZE, UADDR, 0)], vec![mfd]),
+                (SET_VRING_NUM, V1 | NEED_REPLY, vring_state(0, 256), vec![]),
+                (
+                    SET_VRING_ADDR,
+                    V1 | NEED_REPLY,
+                    vring_addr(
+                        0,
+                        UADDR + RAW_DESC + 1,
+                        UADDR + RAW_USED + 1,
+                        UADDR + RAW_AVAIL + 1,
+                    ),
+                    vec![],
+                ),
+            ],
+        ),
+        (
+            "ring at uaddr end of region",
+            vec![
+                mt(&[(0, MEM_SIZE, UADDR, 0)], vec![mfd]),
+                (SET_VRING_NUM, V1 | NEED_REPLY, vring_state(0, 256), vec![]),
+                (
+                    SET_VRING_ADDR,
+                    V1 | NEED_REPLY,
+                    vring_addr(0, UADDR + MEM_SIZE, UADDR + RAW_USED, UADDR + RAW_AVAIL),
+                    vec![],
+                ),
+            ],
+        ),
+        ("GET_CONFIG unacked", vec![(24, V1, vec![0; 12 + 8], vec![])]),
+        (
+            "CONFIG acked, GET_CONFIG 8",
+            vec![ack(1 << 9), {
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&8u32.to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+                p.extend_from_slice(&[0; 8]);
+                (24, V1, p, vec![])
+            }],
+        ),
+        (
+            "CONFIG acked, GET_CONFIG off huge",
+            vec![ack(1 << 9), {
+                let mut p = u32::MAX.to_le_bytes().to_vec();
+                p.extend_from_slice(&256u32.to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+                p.extend_from_slice(&[0; 256]);
+                (24, V1, p, vec![])
+            }],
+        ),
+        (
+            "CONFIG acked, SET_CONFIG",
+            vec![ack(1 << 9), {
+                let mut p = 0u32.to_le_bytes().to_vec();
+                p.extend_from_slice(&8u32.to_le_bytes());
+                p.extend_from_slice(&0u32.to_le_bytes());
+                p.extend_from_slice(&[0; 8]);
+                (25, V1 | NEED_REPLY, p, vec![])
+            }],
+        ),
+        (
+            "INFLIGHT acked, GET_INFLIGHT_FD",
+            vec![ack(1 << 12), (31, V1, vec![0; 24], vec![])],
+        ),
+        (
+            "LOG_SHMFD acked, SET_LOG_BASE",
+            vec![ack(1 << 1), (6, V1, vec![0; 16], vec![mfd])],
+        ),
+        ("SET_LOG_FD", vec![(7, V1 | NEED_REPLY, vec![], vec![mfd])]),
+        ("GPU_SET_SOCKET", vec![(33, V1 | NEED_REPLY, vec![], vec![mfd])]),
+        ("CHECK_DEVICE_STATE", vec![(43, V1, vec![], vec![])]),
+        ("RESET_DEVICE", vec![(34, V1 | NEED_REPLY, vec![], vec![])]),
+        ("RESET_OWNER", vec![(4, V1 | NEED_REPLY, vec![], vec![])]),
+        (
+            "SET_OWNER twice",
+            vec![(SET_OWNER, V1 | NEED_REPLY, vec![], vec![])],
+        ),
+        ("GET_QUEUE_NUM unacked", vec![(17, V1, vec![], vec![])]),
+        ("MQ acked GET_QUEUE_NUM", vec![ack(1), (17, V1, vec![], vec![])]),
+        (
+            "GET_MAX_MEM_SLOTS acked",
+            vec![ack(1 << 15), (36, V1, vec![], vec![])],
+        ),
+        (
+            "ADD_MEM_REG unacked",
+            vec![(
+                37,
+                V1 | NEED_REPLY,
+                {
+                    let mut p = vec![0u8; 8];
+                    for v in [0, MEM_SIZE, UADDR, 0u64] {
+                        p.extend_from_slice(&v.to_le_bytes());
+                    }
+                    p
+                },
+                vec![mfd],
+            )],
+        ),
+        (
+            "VRING_KICK msg 35",
+            vec![(35, V1 | NEED_REPLY, vring_state(0, 0), vec![])],
+        ),
+        ("SET_STATUS", vec![(39, V1 | NEED_REPLY, vec![0; 8], vec![])]),
+        ("GET_STATUS", vec![(40, V1, vec![], vec![])]),
+        (
+            "CREATE 0 bytes",
+            vec![(CREATE_CRYPTO_SESSION, V1, vec![], vec![])],
+        ),
+        (
+            "CREATE 631",
+            vec![(CREATE_CRYPTO_SESSION, V1, vec![0; 631], vec![])],
+        ),
+        (
+            "CREATE 633",
+            vec![(CREATE_CRYPTO_SESSION, V1, vec![0; 633], vec![])],
+        ),
+        (
+            "CREATE 1071",
+            vec![(CREATE_CRYPTO_SESSION, V1, vec![0; 1071], vec![])],
+        ),
+        (
+            "CREATE 4096",
+            vec![(CREATE_CRYPTO_SESSION, V1, vec![0; 4096], vec![])],
+        ),
+        ("CREATE 7", vec![(CREATE_CRYPTO_SESSION, V1, vec![0; 7], vec![])]),
+        (
+            "CREATE with fd",
+            vec![(CREATE_CRYPTO_SESSION, V1, vec![0; 1072], vec![mfd])],
+        ),
+        (
+            "CREATE with REPLY flag",
+            vec![(CREATE_CRYPTO_SESSION, V1 | REPLY, vec![0; 1072], vec![])],
+        ),
+        (
+            "CLOSE 0 bytes NEED_REPLY",
+            vec![(27, V1 | NEED_REPLY, vec![], vec![])],
+        ),
+        (
+            "CLOSE 16 bytes NEED_REPLY",
+            vec![(27, V1 | NEED_REPLY, vec![0; 16], vec![])],
+        ),
+        (
+            "CLOSE with fd NEED_REPLY",
+            vec![(27, V1 | NEED_REPLY, 1u64.to_le_bytes().to_vec(), vec![mfd])],
+        ),
+        (
+            "KICK index 255 nofd",
+            vec![(
+                SET_VRING_KICK,
+                V1 | NEED_REPLY,
+                0x1ffu64.to_le_bytes().to_vec(),
+                vec![],
+            )],
+        ),
+        (
+            "KICK nofd with fd",
+            vec![(
+                SET_VRING_KICK,
+                V1 | NEED_REPLY,
+                0x100u64.to_le_bytes().to_vec(),
+                vec![spare.as_raw_fd()],
+            )],
+        ),
+        (
+            "KICK high bits",
+            vec![(
+                SET_VRING_KICK,
+                V1 | NEED_REPLY,
+                (1u64 << 40).to_le_bytes().to_vec(),
+                vec![],
+            )],
+        ),
+        (
+            "KICK payload 16",
+            vec![(SET_VRING_KICK, V1 | NEED_REPLY, vec![0; 16], vec![])],
+        ),
+        (
+            "KICK payload 4",
+            vec![(SET_VRING_KICK, V1 | NEED_REPLY, vec![0; 4], vec![])],
+        ),
+        (
+            "VRING_NUM payload 4",
+            vec![(SET_VRING_NUM, V1 | NEED_REPLY, vec![0; 4], vec![])],
+        ),
+        (
+            "VRING_NUM payload 12",
+            vec![(
+                SET_VRING_NUM,
+                V1 | NEED_REPLY,
+                {
+                    let mut p = vring_state(0, 0);
+                    p.extend_from_slice(&[0; 4]);
+                    p
+                },
+                vec![],
+            )],
+        ),
+        (
+            "VRING_BASE payload 12 big",
+            vec![(
+                SET_VRING_BASE,
+                V1 | NEED_REPLY,
+                {
+                    let mut p = vring_state(0, u32::MAX);
+                    p.extend_from_slice(&[0; 4]);
+                    p
+                },
+                vec![],
+            )],
+        ),
+        (
+            "VRING_ENABLE index huge",
+            vec![(
+                SET_VRING_ENABLE,
+                V1 | NEED_REPLY,
+                vring_state(u32::MAX, 1),
+                vec![],
+            )],
+        ),
+        (
+            "GET_VRING_BASE index huge",
+            vec![(GET_VRING_BASE, V1, vring_state(u32::MAX, 0), vec![])],
+        ),
+        (
+            "SET_FEATURES payload 0",
+            vec![(SET_FEATURES, V1 | NEED_REPLY, vec![], vec![])],
+        ),
+        (
+            "SET_PROTOCOL_FEATURES all",
+            vec![(
+                SET_PROTOCOL_FEATURES,
+                V1 | NEED_REPLY,
+                u64::MAX.to_le_bytes().to_vec(),
+                vec![],
+            )],
+        ),
+    ];
+    for (name, steps) in cases {
+        let c = Conn::negotiated(&daemon.sock);
+        let mut outs = Vec::new();
+        for (req, flags, payload, fds) in steps {
+            if let Err(e) = c.send(req, flags, &payload, &fds) {
+                outs.push(format!("send: {e}"));
+                break;
+            }
+            c.s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            let o = outcome_of(&c);
+            let stop = o == "disconnect";
+            outs.push(o);
+            if stop {
+                break;
+            }
+        }
+        c.s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        if outs.last().is_none_or(|o| o != "disconnect") {
+            let _ = c.send(GET_FEATURES, V1, &[], &[]);
+            outs.push(format!("then GET_FEATURES: {}", outcome_of(&c)));
+        }
+        drop(c);
+        daemon.assert_alive(name);
+        report.push(format!("{name}: {}", outs.join("; ")));
+    }
+    assert_nist(&daemon.sock, "probes");
+    eprintln!("{}", report.join("\n"));
+}
+
+/// A TCP socket whose close(2) blocks: connected over loopback to a peer
+/// that never reads, its send buffer full, `SO_LINGER` on for an hour
+/// (socket(7): close then waits until the queued data is sent or the
+/// linger time is over). Returns (the socket, the peer); the peer must stay
+/// open, or its RST ends the wait.
+fn lingering_tcp_socket() -> (std::net::TcpStream, std::net::TcpStream) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let s = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (peer, _) = l.accept().unwrap();
+    s.set_nonblocking(true).unwrap();
+    let chunk = [0u8; 65536];
+    let start = Instant::now();
+    loop {
+        match (&s).write(&chunk) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The peer's receive window may still open a little.
+                std::thread::sleep(Duration::from_millis(20));
+                if (&s).write(&chunk).is_err() {
+                    break;
+                }
+            }
+            Err(e) => panic!("filling the TCP send buffer: {e}"),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "TCP send buffer never filled"
+        );
+    }
+    s.set_nonblocking(false).unwrap();
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 3600,
+    };
+    // SAFETY: setsockopt with a linger struct of ours on a socket we own.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER: {}", io::Error::last_os_error());
+    (s, peer)
+}
+
+/// Sends `bytes` with `sock` attached so that the daemon holds the last
+/// reference to it: the message goes behind 1,000 refused CREATEs whose
+/// replies are not read yet (the daemon's request pump stops after the
+/// first few hundred, its socket buffer to us full), our copy is closed
+/// while the message waits unread, then the replies are read and the pump
+/// goes on to it.
+fn hand_over_last_reference(c: &Conn, bytes: &[u8], sock: std::net::TcpStream, extra: usize) {
+    const N: usize = 1000;
+    let big: libc::c_int = 16 << 20;
+    // SAFETY: setsockopt with an int of ours on a socket we own (as root;
+    // SO_SNDBUF, capped by wmem_max, otherwise).
+    unsafe {
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            libc::setsockopt(
+                c.s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&big as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+    let refused = Conn::message(CREATE_CRYPTO_SESSION, V1, &[0u8; 1072]);
+    let all: Vec<u8> = refused.iter().copied().cycle().take(refused.len() * N).collect();
+    (&c.s).write_all(&all).unwrap();
+    let others: Vec<EventFd> = (0..extra).map(|_| EventFd::new(EFD_NONBLOCK).unwrap()).collect();
+    let mut fds = vec![sock.as_raw_fd()];
+    fds.extend(others.iter().map(|e| e.as_raw_fd()));
+    c.send_bytes(bytes, &fds).unwrap();
+    // The daemon has not read this message yet: the in-flight copy keeps
+    // the socket open, and this close returns at once.
+    drop(sock);
+    for _ in 0..N {
+        let p = c.reply(CREATE_CRYPTO_SESSION);
+        assert_eq!(
+            i64::from_le_bytes(p[1064..1072].try_into().unwrap()),
+            -3,
+            "refused CREATE"
+        );
+    }
+}
+
+/// Whether the daemon answers a GET_FEATURES on a new connection within
+/// `limit`; Err with what happened instead (exit status or no answer).
+fn served_within(daemon: &mut Daemon, limit: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    let c = Conn::open(&daemon.sock);
+    c.s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    c.send(GET_FEATURES, V1, &[], &[]).unwrap();
+    loop {
+        match c.recv() {
+            Got::Msg(GET_FEATURES, ..) => return Ok(start.elapsed()),
+            Got::Msg(r, ..) => return Err(format!("unexpected reply {r}")),
+            Got::Closed => {
+                std::thread::sleep(Duration::from_millis(500));
+                return Err(match daemon.child.try_wait().unwrap() {
+                    Some(st) => format!("daemon exited: {st}"),
+                    None => "connection closed".into(),
+                });
+            }
+            Got::TimedOut => {}
+        }
+        if let Some(st) = daemon.child.try_wait().unwrap() {
+            return Err(format!("daemon exited: {st}"));
+        }
+        if start.elapsed() > limit {
+            let pid = daemon.pid();
+            let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|t| {
+                            let f = |n: &str| std::fs::read_to_string(t.path().join(n)).unwrap_or_default();
+                            format!("{} in {}", f("comm").trim(), f("wchan").trim())
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            return Err(format!(
+                "no answer within {limit:?}, daemon still running (wedged); its threads: {}",
+                threads.join(", ")
+            ));
+        }
+    }
+}
+
+/// Descriptors on messages that take none, or that the daemon refuses,
+/// are closed by the daemon; the frontend chooses what they are. A TCP
+/// socket with `SO_LINGER` and unsent data makes that close(2) block for
+/// as long as the frontend likes (here an hour). The daemon must still
+/// tear the connection down and serve the next frontend (or, as a last
+/// resort, exit with status 3), not hang for good.
+#[test]
+fn a_lingering_socket_attached_to_a_message_cannot_wedge_the_daemon() {
+    let create = create_request(SessionAbi::C, &session(&hex(NIST_KEY), 1));
+    // (what, request bytes): a CREATE (answered by the proxy, takes no fd)
+    // and a SET_VRING_KICK (refused: not an eventfd).
+    // (what, request bytes, more eventfds attached)
+    let cases: [(&str, Vec<u8>, usize); 4] = [
+        ("CREATE_CRYPTO_SESSION with a socket attached", create.to_vec(), 0),
+        (
+            "SET_VRING_KICK with a socket instead of an eventfd",
+            Conn::message(SET_VRING_KICK, V1, &0u64.to_le_bytes()),
+            0,
+        ),
+        (
+            "GET_FEATURES with a socket and 32 eventfds attached (33 > 32 descriptors)",
+            Conn::message(GET_FEATURES, V1, &[]),
+            32,
+        ),
+        (
+            "GET_FEATURES with a socket attached",
+            Conn::message(GET_FEATURES, V1, &[]),
+            0,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, bytes, extra) in cases {
+        let mut daemon = Daemon::spawn(&[]);
+        let c = Conn::negotiated(&daemon.sock);
+        let (sock, peer) = lingering_tcp_socket();
+        hand_over_last_reference(&c, &bytes, sock, extra);
+        c.s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let first = match c.recv() {
+            Got::Msg(r, f, p) => format!("reply {r} (flags {f:#x}, {} bytes)", p.len()),
+            other => format!("{other:?}"),
+        };
+        drop(c);
+        // Not even the last resort (exit status 3): the daemon never
+        // closes such a descriptor where it waits for it.
+        match served_within(&mut daemon, Duration::from_secs(5)) {
+            Ok(t) => eprintln!("{what}: daemon's answer {first}; next frontend served after {t:?}"),
+            Err(e) => failures.push(format!("{what} (daemon's answer: {first}), then disconnect: {e}")),
+        }
+        drop(peer);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn honest_frontends_are_torn_down_promptly() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mut worst = Duration::ZERO;
+    let mut total = Duration::ZERO;
+    let n = 100;
+    let base = daemon.idle_snapshot();
+    for i in 0..n {
+        let mut fe = frontend(&daemon.sock, &cfg(SessionAbi::C, 1, 64, 8, 64));
+        let e = fe.create_session(&session(&hex(NIST_KEY), 1)).unwrap();
+        assert_eq!(run_one(&mut fe, ENCRYPT, e as u64, &hex(NIST_PT)).0, ST_OK);
+        if i % 2 == 0 {
+            let _ = fe.get_vring_base(0);
+        }
+        drop(fe);
+        let t = served_within(&mut daemon, Duration::from_secs(10)).unwrap();
+        worst = worst.max(t);
+        total += t;
+    }
+    let after = daemon.idle_snapshot();
+    eprintln!(
+        "teardown latency: mean {:?}, worst {:?}; fds {} -> {}, threads {} -> {}, rss {} -> {}",
+        total / n,
+        worst,
+        base.fds,
+        after.fds,
+        base.threads,
+        after.threads,
+        base.rss_kib,
+        after.rss_kib
+    );
+    assert!(
+        worst < Duration::from_secs(1),
+        "an honest frontend's teardown took {worst:?}"
+    );
+    assert_eq!((after.fds, after.threads), (base.fds, base.threads));
+}
+
 /// `VHOST_USER_PROTOCOL_F_*` bits the daemon does not offer (vhost-user
 /// spec, "Protocol features"): CONFIG, INFLIGHT_SHMFD, CONFIGURE_MEM_SLOTS.
 const PF_CONFIG: u64 = 1 << 9;
@@ -3042,4 +3749,46 @@ fn add_mem_reg_past_the_slots_the_daemon_reported_is_refused() {
         before.fds,
         after.fds
     );
+}
+
+/// CREATE in each layout with the AES key lengths at and around the
+/// valid ones, the session table full, then CLOSE and CREATE again, and
+/// the same id closed twice (acked under REPLY_ACK: 0 closed, 1 unknown).
+#[test]
+fn session_boundaries_in_each_layout_over_the_socket() {
+    let mut daemon = Daemon::spawn(&["--max-sessions", "4"]);
+    for abi in [SessionAbi::A, SessionAbi::B, SessionAbi::C] {
+        let c = Conn::negotiated(&daemon.sock);
+        let id_of = |info: &SymSessionInfo| -> i64 {
+            c.send_bytes(&create_request(abi, info), &[]).unwrap();
+            let p = c.reply(CREATE_CRYPTO_SESSION);
+            assert_eq!(p.len(), abi.size(), "{abi:?}: reply size");
+            let off = if abi == SessionAbi::C { 1064 } else { 0 };
+            i64::from_le_bytes(p[off..off + 8].try_into().unwrap())
+        };
+        for len in [0usize, 1, 15, 17, 23, 25, 31, 33, 63, 64, 65, 4096] {
+            let id = id_of(&session(&vec![7u8; len], 1));
+            assert_eq!(id, ID_ERR, "{abi:?}: key of {len} bytes");
+        }
+        let mut ids = Vec::new();
+        for len in [16usize, 24, 32, 16] {
+            ids.push(id_of(&session(&vec![7u8; len], 1)));
+        }
+        assert_eq!(ids, [1, 2, 3, 4], "{abi:?}: ids of valid sessions");
+        assert_eq!(id_of(&session(&[7; 16], 2)), ID_NOSPC, "{abi:?}: table full");
+        let close = |id: u64| -> u64 {
+            let mut m = close_request(id).to_vec();
+            m[4..8].copy_from_slice(&(V1 | NEED_REPLY).to_le_bytes());
+            c.send_bytes(&m, &[]).unwrap();
+            c.reply_u64(27)
+        };
+        assert_eq!(close(2), 0, "{abi:?}: CLOSE of a live id");
+        assert_eq!(close(2), 1, "{abi:?}: the same CLOSE again");
+        assert_eq!(close(u64::MAX), 1, "{abi:?}: CLOSE of an id never given");
+        assert_eq!(id_of(&session(&[7; 32], 2)), 5, "{abi:?}: CREATE after a CLOSE");
+        assert_eq!(id_of(&session(&[7; 16], 2)), ID_NOSPC, "{abi:?}: full again");
+        drop(c);
+        daemon.assert_alive(&format!("{abi:?} session boundaries"));
+    }
+    assert_nist(&daemon.sock, "session boundaries");
 }
