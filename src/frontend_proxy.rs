@@ -34,7 +34,10 @@
 //!   shrinking first (`F_SEAL_SHRINK`, added if the memfd allows it), so the
 //!   size checked is the size for good; a file that cannot be sealed is
 //!   accepted with a warning, or ends the connection with
-//!   `--require-sealed-memory` (see [`seal_against_shrinking`]);
+//!   `--require-sealed-memory` (see [`seal_against_shrinking`]); the files
+//!   must be regular files, a hugetlbfs region gets its huge pages reserved
+//!   (or is refused), and all of it must be done within 2 s
+//!   (`check_memory_regions_bounded`);
 //! * `SET_PROTOCOL_FEATURES` with a bit the daemon did not offer ends the
 //!   connection (the library would take it);
 //! * descriptors: one per region of `SET_MEM_TABLE`, one with
@@ -624,7 +627,12 @@ fn pump_requests(
                     }
                 }
                 if request == VHOST_USER_SET_MEM_TABLE || request == VHOST_USER_ADD_MEM_REG {
-                    check_memory_regions(request, &msg.payload, &msg.fds, config.require_sealed_memory)?;
+                    check_memory_regions_bounded(
+                        request,
+                        &msg.payload,
+                        &msg.fds,
+                        config.require_sealed_memory,
+                    )?;
                 }
                 if matches!(
                     request,
@@ -741,6 +749,47 @@ fn check_descriptor_count(request: u32, payload: &[u8], fds: usize) -> io::Resul
     ))
 }
 
+/// How long the checks of a memory table's files may take: they run on a
+/// thread of their own ([`check_memory_regions_bounded`]).
+const MEMORY_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`check_memory_regions`] on a thread of its own, for at most
+/// [`MEMORY_CHECK_LIMIT`]. The frontend can make the checks' system calls
+/// on its files wait as long as it likes (`F_ADD_SEALS` takes the file's
+/// inode lock, which a write of the frontend's own can hold while it waits
+/// in a page fault it never resolves; `fstat` of a FUSE file asks the FUSE
+/// server): then the region is refused and that thread is left to finish
+/// whenever the frontend lets it (it holds copies of the descriptors until
+/// then).
+///
+/// # Errors
+/// As [`check_memory_regions`]; `TimedOut` past the limit; `dup` failing.
+fn check_memory_regions_bounded(
+    request: u32,
+    payload: &[u8],
+    fds: &[File],
+    require_sealed: bool,
+) -> io::Result<()> {
+    let copies = fds
+        .iter()
+        .map(File::try_clone)
+        .collect::<io::Result<Vec<File>>>()?;
+    let payload = payload.to_vec();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::Builder::new()
+        .name("vuc-memcheck".into())
+        .spawn(move || {
+            let _ = tx.send(check_memory_regions(request, &payload, &copies, require_sealed));
+        })?;
+    match rx.recv_timeout(MEMORY_CHECK_LIMIT) {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("checking the memory regions' files took more than {MEMORY_CHECK_LIMIT:?}"),
+        )),
+    }
+}
+
 /// Seals each region's file of a SET_MEM_TABLE / ADD_MEM_REG against
 /// shrinking where it can ([`seal_against_shrinking`]), then checks that the
 /// region fits in the file. A region declared larger than its file, or a
@@ -760,6 +809,14 @@ fn check_memory_regions(request: u32, payload: &[u8], fds: &[File], require_seal
     let Some(regions) = regions else {
         return bad("memory table too short".into());
     };
+    if regions.len() / 32 < fds.len() {
+        // Every descriptor is checked below, or none is forwarded.
+        return bad(format!(
+            "{} descriptors for {} memory regions",
+            fds.len(),
+            regions.len() / 32
+        ));
+    }
     for (i, r) in regions.chunks_exact(32).enumerate() {
         let word = |o: usize| u64::from_le_bytes(r[o..o + 8].try_into().unwrap_or_default());
         let (size, offset) = (word(8), word(24));
@@ -782,13 +839,73 @@ fn check_memory_regions(request: u32, payload: &[u8], fds: &[File], require_seal
                  refuses such regions)"
             ),
         }
-        let file_len = file.metadata()?.len();
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() {
+            return bad(format!("memory region {i}: its descriptor is not a regular file"));
+        }
+        let file_len = meta.len();
         if offset.checked_add(size).is_none_or(|end| end > file_len) {
             return bad(format!(
                 "memory region {i}: {size} bytes at offset {offset} do not fit its {file_len}-byte file"
             ));
         }
+        reserve_huge_pages(file, offset, size).or_else(|e| bad(format!("memory region {i}: {e}")))?;
     }
+    Ok(())
+}
+
+/// `HUGETLBFS_MAGIC` (statfs(2)).
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// For a region in a hugetlbfs file, makes sure huge pages are reserved
+/// for all of it, so that the daemon's accesses cannot fault on a page
+/// that no huge page backs. The library maps regions with
+/// `MAP_NORESERVE` (vm-memory `MmapRegion::from_file`), and hugetlbfs does
+/// not overcommit: without a reservation, the first access to a page the
+/// pool cannot supply raises SIGBUS. A shared mapping without
+/// `MAP_NORESERVE` reserves the range's pages on the file for good (they
+/// stay reserved after `munmap`; Documentation/mm/hugetlbfs_reserv.rst),
+/// or fails with `ENOMEM` when the pool has too few. QEMU's own mapping
+/// of hugetlbfs guest memory reserves them the same way, so an honest
+/// frontend's are reserved already. Other files: nothing to do.
+///
+/// # Errors
+/// `fstatfs` failed, or the range cannot be reserved (the error says why).
+fn reserve_huge_pages(file: &File, offset: u64, size: u64) -> io::Result<()> {
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs(2) on a descriptor `file` owns, writing into `st`.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's type differs between targets
+    if st.f_type as i64 != HUGETLBFS_MAGIC || size == 0 {
+        return Ok(());
+    }
+    let (Ok(len), Ok(off)) = (usize::try_from(size), libc::off_t::try_from(offset)) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "region too large"));
+    };
+    // SAFETY: a new shared read-only mapping of the frontend's file, at an
+    // address the kernel picks; nothing reads it, and it is unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("cannot reserve huge pages for its {size} bytes of hugetlbfs memory ({e})"),
+        ));
+    }
+    // SAFETY: the mapping made just above, of `len` bytes, used by nothing.
+    unsafe { libc::munmap(p, len) };
     Ok(())
 }
 
@@ -1533,6 +1650,14 @@ mod tests {
             let e = check_descriptor_count(VHOST_USER_SET_MEM_TABLE, &one, n).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{n} fds");
         }
+        // A count of 2 with one region in the payload: the second
+        // descriptor would go unchecked.
+        let mut two = one.clone();
+        two[0] = 2;
+        let files = [memfd(0, 4096), memfd(0, 4096)];
+        assert!(check_descriptor_count(VHOST_USER_SET_MEM_TABLE, &two, 2).is_ok());
+        let e = check_memory_regions(VHOST_USER_SET_MEM_TABLE, &two, &files, false).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(check_descriptor_count(VHOST_USER_ADD_MEM_REG, &[], 1).is_ok());
         assert!(check_descriptor_count(VHOST_USER_ADD_MEM_REG, &[], 2).is_err());
         for r in [
@@ -1559,6 +1684,11 @@ mod tests {
         ] {
             assert!(!takes_descriptors(r), "{r}");
         }
+        // A memory region's descriptor must be a regular file.
+        let (a, _b) = UnixStream::pair().unwrap();
+        let sock = [File::from(OwnedFd::from(a))];
+        let e = check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(0, 0), &sock, false).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
     }
 
     #[test]

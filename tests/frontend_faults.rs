@@ -2942,6 +2942,110 @@ fn a_ring_disabled_while_busy_stops_and_comes_back() {
 
 // ---- Frontend descriptors, memory files and protocol features (ninth session) ----
 
+/// A memfd in hugetlbfs (`MFD_HUGETLB | MFD_ALLOW_SEALING`) of `size`
+/// bytes, or None where the kernel cannot make one.
+fn hugetlb_memfd(size: u64) -> Option<File> {
+    // SAFETY: a valid NUL-terminated name; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"frontend-faults-huge".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | libc::MFD_HUGETLB,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own.
+    let f = unsafe { File::from_raw_fd(fd) };
+    f.set_len(size).ok()?;
+    Some(f)
+}
+
+/// `HugePages_Free` of /proc/meminfo.
+fn free_huge_pages() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("HugePages_Free:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Guest memory in a hugetlbfs memfd (QEMU's `memory-backend-memfd,
+/// hugetlb=on`) with no huge pages behind it: the file has the size the
+/// table says and takes F_SEAL_SHRINK, so the proxy's checks pass, but
+/// the library maps it with `MAP_NORESERVE` and the first access to a page
+/// no huge page can back raises SIGBUS (hugetlbfs has no overcommit). The
+/// daemon must refuse the table or the ring (error ack or disconnect) and
+/// serve the next frontend, as for a region larger than its file; a
+/// mapping without `MAP_NORESERVE` fails with ENOMEM instead.
+#[test]
+fn hugetlb_guest_memory_without_huge_pages_does_not_kill_the_daemon() {
+    const HUGE: u64 = 2 << 20;
+    if hugetlb_memfd(HUGE).is_none() {
+        eprintln!("skipped: no MFD_HUGETLB memfd here");
+        return;
+    }
+    if free_huge_pages() > 0 {
+        eprintln!("skipped: huge pages are free here, the memory is backed");
+        return;
+    }
+    let mut failures = Vec::new();
+    // Also with --require-sealed-memory: the file is sealed (F_SEAL_SHRINK
+    // added), so the strict mode takes it too.
+    for extra in [&[][..], &["--require-sealed-memory"][..]] {
+        let mem = hugetlb_memfd(HUGE).unwrap();
+        let mut daemon = Daemon::spawn(extra);
+        let c = Conn::negotiated(&daemon.sock);
+        let table = mem_table(&[(0, HUGE, UADDR, 0)]);
+        c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
+            .unwrap();
+        let mut outcome = format!("SET_MEM_TABLE: {}", accepted_or_refused(&c, SET_MEM_TABLE));
+        if outcome.ends_with("accepted") {
+            let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+            let call = EventFd::new(EFD_NONBLOCK).unwrap();
+            let addr = vring_addr(0, UADDR + RAW_DESC, UADDR + RAW_USED, UADDR + RAW_AVAIL);
+            for (req, payload, fds) in [
+                (SET_VRING_NUM, vring_state(0, 256), vec![]),
+                (SET_VRING_BASE, vring_state(0, 0), vec![]),
+                (SET_VRING_ADDR, addr, vec![]),
+                (
+                    SET_VRING_KICK,
+                    0u64.to_le_bytes().to_vec(),
+                    vec![kick.as_raw_fd()],
+                ),
+                (
+                    SET_VRING_CALL,
+                    0u64.to_le_bytes().to_vec(),
+                    vec![call.as_raw_fd()],
+                ),
+            ] {
+                if c.send(req, V1 | NEED_REPLY, &payload, &fds).is_err() {
+                    outcome = format!("{outcome}; request {req}: send failed");
+                    break;
+                }
+                let o = accepted_or_refused(&c, req);
+                outcome = format!("{outcome}; request {req}: {o}");
+                if o != "accepted" {
+                    break;
+                }
+            }
+            let _ = kick.write(1);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        drop(c);
+        std::thread::sleep(Duration::from_millis(100));
+        match daemon.child.try_wait().unwrap() {
+            Some(st) => failures.push(format!("{extra:?}: {outcome}; the daemon died: {st}")),
+            None => {
+                daemon.assert_alive(&format!("hugetlb guest memory without huge pages ({outcome})"));
+                assert_nist(&daemon.sock, "hugetlb guest memory without huge pages");
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Connections of one kind, `n` of them in a row; resource use of the
 /// daemon before and after (idle snapshots).
 fn per_kind_growth(daemon: &Daemon, n: usize, mut one: impl FnMut(&Path)) -> (Snapshot, Snapshot) {
@@ -3749,6 +3853,106 @@ fn add_mem_reg_past_the_slots_the_daemon_reported_is_refused() {
         before.fds,
         after.fds
     );
+}
+
+/// Keeps the inode lock of `mem` (a shmem file) held: a thread writes to
+/// it from a page registered with a userfaultfd nobody serves, so the
+/// write waits in the page fault with the lock taken (shmem's write path
+/// holds it across the copy). Dropping the returned userfaultfd lets the
+/// fault and the write finish. None where userfaultfd is not available.
+fn hold_inode_lock(mem: &File) -> Option<(File, std::thread::JoinHandle<()>)> {
+    // SAFETY: userfaultfd(2) with flags; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) } as RawFd;
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own.
+    let uffd = unsafe { File::from_raw_fd(fd) };
+    // struct uffdio_api { api, features, ioctls }: UFFDIO_API = _IOWR(0xAA, 0x3F, 24 bytes).
+    let mut api = [0xAAu64, 0, 0];
+    // SAFETY: ioctl with a 24-byte struct of ours.
+    if unsafe { libc::ioctl(fd, 0xc018_aa3f, api.as_mut_ptr()) } < 0 {
+        return None;
+    }
+    // SAFETY: an anonymous private page, checked below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    // struct uffdio_register { start, len, mode, ioctls }: _IOWR(0xAA, 0x00, 32 bytes); MODE_MISSING = 1.
+    let mut reg = [page as u64, 4096, 1, 0];
+    // SAFETY: ioctl with a 32-byte struct of ours.
+    if unsafe { libc::ioctl(fd, 0xc020_aa00, reg.as_mut_ptr()) } < 0 {
+        return None;
+    }
+    let writer = mem.try_clone().unwrap();
+    let addr = page as usize;
+    let t = std::thread::spawn(move || {
+        // SAFETY: pwrite from the registered page (its fault waits until
+        // the userfaultfd is closed); the page stays mapped for good.
+        unsafe { libc::pwrite(writer.as_raw_fd(), addr as *const libc::c_void, 4096, 0) };
+    });
+    // Wait until the writer sits in the fault.
+    let start = Instant::now();
+    loop {
+        let tid_wchan = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .any(|t| std::fs::read_to_string(t.path().join("wchan")).is_ok_and(|w| w.contains("userfault")));
+        if tid_wchan {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the writer never reached the fault"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some((uffd, t))
+}
+
+/// The frontend holds the inode lock of its guest memory memfd (a write
+/// to it stuck in a page fault) while it sends SET_MEM_TABLE: the proxy's
+/// F_ADD_SEALS (memfd_add_seals takes the inode lock) then waits on the
+/// request pump for as long as the frontend likes. Once the frontend has
+/// left, the daemon must still tear the connection down and serve the
+/// next frontend (or exit with status 3 as a last resort), not hang.
+#[test]
+fn a_frontend_holding_its_memfd_locked_cannot_wedge_the_daemon() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mem = sealable_memfd(MEM_SIZE);
+    let Some((uffd, writer)) = hold_inode_lock(&mem) else {
+        eprintln!("skipped: no userfaultfd here");
+        return;
+    };
+    let c = Conn::negotiated(&daemon.sock);
+    let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
+    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
+        .unwrap();
+    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+    let first = match c.recv() {
+        Got::Msg(r, f, p) => format!("reply {r} (flags {f:#x}, {} bytes)", p.len()),
+        other => format!("{other:?}"),
+    };
+    drop(c);
+    // The checks of the table's files give up after 2 s.
+    let r = served_within(&mut daemon, Duration::from_secs(5));
+    // Let the write (and the daemon's check) go on.
+    drop(uffd);
+    writer.join().unwrap();
+    match r {
+        Ok(t) => eprintln!("next frontend served after {t:?}"),
+        Err(e) => panic!("SET_MEM_TABLE (answer: {first}), then disconnect: {e}"),
+    }
+    // Refused once its checks took 2 s: the connection ends.
+    assert_eq!(first, "Closed", "SET_MEM_TABLE of a file held busy");
 }
 
 /// CREATE in each layout with the AES key lengths at and around the
