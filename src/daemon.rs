@@ -21,7 +21,7 @@ use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
 
 use crate::backend::CryptoBackend;
-use crate::frontend_proxy::{self, AbiChoice, EventFdCopies, ProxyConfig};
+use crate::frontend_proxy::{self, AbiChoice, Closer, EventFdCopies, ProxyConfig};
 use crate::request::{GuestMemory_, RequestLimits};
 use crate::seccomp::WorkerFilter;
 use crate::sessions::session_set;
@@ -163,6 +163,7 @@ pub fn serve_stream(
         require_sealed_memory: config.require_sealed_memory,
     };
     let mut copies = EventFdCopies::default();
+    let closer = Closer::start().map_err(|e| be(&e))?;
     match frontend_proxy::run(
         frontend,
         ours,
@@ -170,10 +171,12 @@ pub fn serve_stream(
         proxy,
         &mut copies,
         backend.disconnect_flag(),
+        &closer,
     ) {
         Ok(()) => debug!("frontend connection closed cleanly"),
         Err(e) => warn!("frontend connection ended: {e}"),
     }
+    drop(closer);
     // The queue workers stop serving now, even if the guest keeps its
     // rings busy (else they would never go back to the library's event
     // loop, and dropping the daemon below would wait for them forever).
@@ -257,7 +260,10 @@ fn worker_cpu_ticks() -> u64 {
         .sum()
 }
 
-/// Waits until `finished` says the connection's threads are joined. After
+/// Waits until `finished` says the connection's threads are joined, and
+/// until no more than [`frontend_proxy::MAX_PENDING_CLOSES`] frontend
+/// descriptors wait to be closed ([`frontend_proxy::pending_closes`];
+/// fewer are left to their closer threads). After
 /// [`TEARDOWN_GRACE`] a thread of its own calls
 /// [`EventFdCopies::wake_workers`] every 20 ms, for a worker blocked on an
 /// eventfd whose `O_NONBLOCK` the frontend cleared. Once the workers have
@@ -271,19 +277,37 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies, cap: Dur
     let stop = Arc::new(AtomicBool::new(false));
     let mut copies = Some(copies);
     let (mut ticks, mut last_progress, mut last_look) = (worker_cpu_ticks(), start, start);
-    while let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(Duration::from_millis(20)) {
+    let mut joined = false;
+    let mut last_pending = frontend_proxy::pending_closes();
+    loop {
+        if !joined {
+            match finished.recv_timeout(Duration::from_millis(20)) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => joined = true,
+            }
+        } else if frontend_proxy::pending_closes() > frontend_proxy::MAX_PENDING_CLOSES {
+            thread::sleep(Duration::from_millis(20));
+        } else {
+            break;
+        }
         if last_look.elapsed() >= Duration::from_secs(1) {
             last_look = Instant::now();
             let now = worker_cpu_ticks();
             if now != ticks {
                 (ticks, last_progress) = (now, last_look);
             }
+            // Descriptors being closed count as progress too.
+            let pending = frontend_proxy::pending_closes();
+            if pending < last_pending {
+                last_progress = last_look;
+            }
+            last_pending = pending;
         }
         if last_progress.elapsed() >= TEARDOWN_LIMIT || start.elapsed() >= cap {
             error!(
                 "the connection is not torn down after {:?} (its queue workers used no CPU for {:?}): \
-                 one stays blocked (on an eventfd the frontend controls); exiting (status \
-                 {TEARDOWN_STUCK_EXIT})",
+                 one stays blocked on an eventfd the frontend controls, or closing one of the \
+                 frontend's descriptors blocks; exiting (status {TEARDOWN_STUCK_EXIT})",
                 start.elapsed(),
                 last_progress.elapsed()
             );

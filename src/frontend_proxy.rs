@@ -167,19 +167,42 @@ impl Drop for Fds {
 
 /// Where a connection's frontend descriptors are closed: a thread of the
 /// connection's own (`vuc-closer`), not waited for. If closing one blocks,
-/// only that thread waits (and the descriptors behind it stay open until
-/// it is done); the request pump, the teardown and later connections go on.
-#[derive(Clone)]
-struct Closer(std::sync::mpsc::Sender<OwnedFd>);
+/// only that thread waits, and the descriptors behind it stay open until
+/// it is done; the request pump, the teardown and later connections go
+/// on. What that can hold is bounded daemon-wide ([`pending_closes`]):
+/// past [`MAX_PENDING_CLOSES`] the request pump ends its connection, and
+/// the daemon does not serve another one until they are closed (or exits
+/// with status 3, see `daemon::serve_stream`).
+#[derive(Clone, Debug)]
+pub struct Closer(std::sync::mpsc::Sender<OwnedFd>);
+
+/// Frontend descriptors handed to closer threads and not closed yet, in
+/// the whole daemon.
+static PENDING_CLOSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Most frontend descriptors that may wait for closer threads, daemon-wide,
+/// before a connection is ended (an honest frontend's are closed as they
+/// come; each one waiting stays open in the daemon, and its closer thread
+/// stays too).
+pub const MAX_PENDING_CLOSES: usize = 256;
+
+/// Frontend descriptors handed to closer threads and not closed yet.
+pub fn pending_closes() -> usize {
+    PENDING_CLOSES.load(Ordering::Relaxed)
+}
 
 impl Closer {
-    /// Starts the closer thread; it ends once every `Closer` is dropped and
+    /// Starts the closer thread. It ends once every `Closer` is dropped and
     /// it has closed what it was given.
-    fn start() -> io::Result<Self> {
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn start() -> io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
         thread::Builder::new().name("vuc-closer".into()).spawn(move || {
             for fd in rx {
                 drop(fd);
+                PENDING_CLOSES.fetch_sub(1, Ordering::Relaxed);
             }
         })?;
         Ok(Closer(tx))
@@ -188,7 +211,9 @@ impl Closer {
     /// Hands `fd` to the closer thread (or, if that thread is gone, which
     /// cannot happen while a `Closer` exists, drops it here).
     fn close(&self, fd: OwnedFd) {
+        PENDING_CLOSES.fetch_add(1, Ordering::Relaxed);
         if let Err(std::sync::mpsc::SendError(fd)) = self.0.send(fd) {
+            PENDING_CLOSES.fetch_sub(1, Ordering::Relaxed);
             drop(fd);
         }
     }
@@ -300,6 +325,8 @@ fn send_all(sock: &UnixStream, data: &[u8], fds: &[File]) -> io::Result<()> {
 
 /// Serves one frontend connection: pumps messages between `frontend` and
 /// `backend` (the library's end) until either side closes, then shuts both.
+/// Every descriptor the frontend sent, and the last copy of `frontend`
+/// itself, is closed through `closer` (see [`Closer`]).
 /// Keeps copies of the rings' kick and call eventfds in `copies` for the
 /// teardown, and sets `frontend_gone` (the backend's disconnect flag) as
 /// soon as the frontend has closed or its messages have ended, so that the
@@ -315,6 +342,7 @@ pub fn run(
     config: ProxyConfig,
     copies: &mut EventFdCopies,
     frontend_gone: Arc<AtomicBool>,
+    closer: &Closer,
 ) -> io::Result<()> {
     let frontend_w = Arc::new(Mutex::new(frontend.try_clone()?));
     let gone_r = frontend_gone.clone();
@@ -323,7 +351,6 @@ pub fn run(
     let front_shut = frontend.try_clone()?;
     let owed = Arc::new(Owed::default());
     let owed_r = owed.clone();
-    let closer = Closer::start()?;
     let (relayed, relay_ended) = std::sync::mpsc::channel::<()>();
     let replies = thread::Builder::new().name("vuc-replies".into()).spawn(move || {
         relay_replies(&backend_r, &fw, &front_shut, &owed_r, &gone_r);
@@ -345,7 +372,7 @@ pub fn run(
         &mut registry,
         config,
         copies,
-        &closer,
+        closer,
     );
     // No more requests: the library answers what it has (a frontend that
     // only shut its sending side reads those replies; it has a second for
@@ -563,6 +590,14 @@ fn pump_requests(
     let mut features_offered = false;
     let mut rings = vec![RingSetup::default(); config.num_queues];
     while let Some(mut msg) = recv_message(frontend, Some(closer))? {
+        if pending_closes() > MAX_PENDING_CLOSES {
+            // Closing frontend descriptors blocks (see `Fds`): taking more
+            // would only pile them up open in the daemon.
+            return Err(io::Error::other(format!(
+                "{} frontend descriptors wait to be closed (a close blocks)",
+                pending_closes()
+            )));
+        }
         let (request, flags, _) = decode_header(&msg.hdr);
         match request {
             VHOST_USER_CREATE_CRYPTO_SESSION => {
@@ -1343,6 +1378,7 @@ mod tests {
                 config,
                 &mut EventFdCopies::default(),
                 Arc::default(),
+                &Closer::start().unwrap(),
             )
         }));
         Rig { front, lib, thread }

@@ -3996,3 +3996,84 @@ fn session_boundaries_in_each_layout_over_the_socket() {
     }
     assert_nist(&daemon.sock, "session boundaries");
 }
+
+/// `Max open files` (soft) of the daemon, from /proc/PID/limits.
+fn daemon_fd_limit(daemon: &Daemon) -> usize {
+    daemon
+        .proc_file("limits")
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        .unwrap()
+}
+
+/// Once one descriptor's close blocks on the connection's closer thread,
+/// every later descriptor the frontend sends queues behind it, still open
+/// in the daemon: nothing bounds how many. A frontend that sends one
+/// lingering socket and then a few hundred messages with 32 descriptors
+/// each fills the daemon's descriptor table; the daemon can then no longer
+/// accept or set up the next frontend (for as long as the linger lasts,
+/// here an hour), and is not even ended with status 3. Before the closer
+/// thread the pump blocked in that close instead and took nothing more.
+#[test]
+fn descriptors_queued_behind_a_blocked_close_cannot_exhaust_the_daemon() {
+    let mut daemon = Daemon::spawn(&[]);
+    let limit = daemon_fd_limit(&daemon);
+    let c = Conn::negotiated(&daemon.sock);
+    let (sock, peer) = lingering_tcp_socket();
+    hand_over_last_reference(&c, &Conn::message(GET_FEATURES, V1, &[]), sock, 0);
+    assert!(
+        matches!(c.recv(), Got::Msg(GET_FEATURES, ..)),
+        "GET_FEATURES with the socket"
+    );
+    let before = daemon.snapshot().fds;
+    // 32 copies of one eventfd per message (the most the daemon takes on
+    // one message), on a message that takes none.
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    let fds = vec![ev.as_raw_fd(); 32];
+    let mut sent = 0;
+    while before + sent + 64 < limit {
+        if c.send(GET_FEATURES, V1, &[], &fds).is_err() {
+            break;
+        }
+        match c.recv() {
+            Got::Msg(GET_FEATURES, ..) => sent += 32,
+            _ => break,
+        }
+    }
+    // Then one at a time, up to the limit (the daemon's recvmsg then fails).
+    let one = [ev.as_raw_fd()];
+    for _ in 0..128 {
+        if c.send(GET_FEATURES, V1, &[], &one).is_err() {
+            break;
+        }
+        match c.recv() {
+            Got::Msg(GET_FEATURES, ..) => sent += 1,
+            _ => break,
+        }
+    }
+    let held = daemon.snapshot().fds;
+    eprintln!(
+        "daemon descriptors: {before} with the lingering socket, {held} after {sent} more were sent (limit {limit})"
+    );
+    drop(c);
+    // The daemon ends the connection once 256 wait to be closed; its
+    // teardown includes closing them, which cannot finish within the hour
+    // of linger: the last resort, exit status 3 (10 s without progress),
+    // lets a supervisor start it again. Or it is served, if the close
+    // ever came.
+    let r = served_within(&mut daemon, Duration::from_secs(25));
+    drop(peer);
+    match r {
+        Ok(t) => eprintln!("next frontend served after {t:?}"),
+        Err(e) if e.contains("exit status: 3") => eprintln!("{e} (last resort)"),
+        Err(e) => panic!(
+            "after {sent} descriptors sent behind one blocked close (daemon held {held} of {limit}): {e}\nlog tail: {}",
+            daemon.log_tail(1500)
+        ),
+    }
+    assert!(
+        held <= before + 256 + 64,
+        "descriptors held open behind the blocked close: {before} -> {held} (at most 256 may wait)"
+    );
+}

@@ -259,6 +259,7 @@ fn session_messages_leave_no_key_on_the_heap() {
         config,
         &mut Default::default(),
         Default::default(),
+        &frontend_proxy::Closer::start().unwrap(),
     )
     .unwrap();
     let live = live_blocks_with_key();
