@@ -901,8 +901,13 @@ const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
 /// `MAP_NORESERVE` reserves the range's pages on the file for good (they
 /// stay reserved after `munmap`; Documentation/mm/hugetlbfs_reserv.rst),
 /// or fails with `ENOMEM` when the pool has too few. QEMU's own mapping
-/// of hugetlbfs guest memory reserves them the same way, so an honest
-/// frontend's are reserved already. Other files: nothing to do.
+/// of hugetlbfs guest memory reserves them the same way, so its pages are
+/// reserved already, except with `reserve=off` (QEMU ≥ 6.1, `MAP_NORESERVE`
+/// on its side too): then the daemon reserves the region's pages itself,
+/// and refuses the region if the pool cannot hold them all. The mapping's
+/// length is the region's rounded up to the file's huge page size
+/// (`f_bsize`): `munmap` of an unaligned length fails on hugetlbfs.
+/// Other files: nothing to do.
 ///
 /// # Errors
 /// `fstatfs` failed, or the range cannot be reserved (the error says why).
@@ -917,7 +922,12 @@ fn reserve_huge_pages(file: &File, offset: u64, size: u64) -> io::Result<()> {
     if st.f_type as i64 != HUGETLBFS_MAGIC || size == 0 {
         return Ok(());
     }
-    let (Ok(len), Ok(off)) = (usize::try_from(size), libc::off_t::try_from(offset)) else {
+    let page = u64::try_from(st.f_bsize).unwrap_or(0).max(4096);
+    let (Some(len), Ok(off)) = (
+        size.checked_next_multiple_of(page)
+            .and_then(|l| usize::try_from(l).ok()),
+        libc::off_t::try_from(offset),
+    ) else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "region too large"));
     };
     // SAFETY: a new shared read-only mapping of the frontend's file, at an
@@ -940,7 +950,14 @@ fn reserve_huge_pages(file: &File, offset: u64, size: u64) -> io::Result<()> {
         ));
     }
     // SAFETY: the mapping made just above, of `len` bytes, used by nothing.
-    unsafe { libc::munmap(p, len) };
+    if unsafe { libc::munmap(p, len) } < 0 {
+        // (Cannot happen with a whole number of huge pages; the mapping
+        // would stay, holding the file and its reservation.)
+        warn!(
+            "munmap of a hugetlbfs reservation mapping: {}",
+            io::Error::last_os_error()
+        );
+    }
     Ok(())
 }
 
