@@ -2961,14 +2961,18 @@ fn hugetlb_memfd(size: u64) -> Option<File> {
     Some(f)
 }
 
-/// `HugePages_Free` of /proc/meminfo.
-fn free_huge_pages() -> u64 {
+/// Field `name` (e.g. `HugePages_Free`) of /proc/meminfo; 0 if absent.
+fn meminfo(name: &str) -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .unwrap()
         .lines()
-        .find(|l| l.starts_with("HugePages_Free:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+fn free_huge_pages() -> u64 {
+    meminfo("HugePages_Free")
 }
 
 /// Guest memory in a hugetlbfs memfd (QEMU's `memory-backend-memfd,
@@ -4078,25 +4082,19 @@ fn descriptors_queued_behind_a_blocked_close_cannot_exhaust_the_daemon() {
     );
 }
 
-/// `HugePages_Rsvd` of /proc/meminfo.
 fn reserved_huge_pages() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("HugePages_Rsvd:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
+    meminfo("HugePages_Rsvd")
 }
 
-/// The proxy reserves a hugetlbfs region's pages with a mapping of the
-/// region's size, then `munmap`s that size. For a size that is not a
-/// multiple of the huge page size, mmap rounds the mapping up but munmap
-/// fails with EINVAL (mmap(2), "Huge page (Huge TLB) mappings"), and the
-/// error is ignored: the mapping stays in the daemon for good, holding the
-/// frontend's file and its reserved huge pages after the frontend has
-/// closed it and left. Here the library refuses the table itself (a guest
-/// address range that overflows), so only the proxy ever mapped it.
-/// Needs two free huge pages (skipped otherwise).
+/// The proxy reserves a hugetlbfs region's pages with a mapping it unmaps
+/// at once. For a region size that is not a multiple of the huge page
+/// size, mmap rounds the mapping up, but munmap of the unrounded length
+/// fails with EINVAL (mmap(2), "Huge page (Huge TLB) mappings"): the
+/// mapping then stayed in the daemon for good, holding the frontend's file
+/// and its reserved huge pages after the frontend had closed it and left.
+/// Here the library refuses the table itself (a guest address range that
+/// overflows), so only the proxy ever mapped it. Needs two free huge pages
+/// (skipped otherwise).
 #[test]
 fn hugetlb_reservation_mapping_of_an_unaligned_size_is_not_left_behind() {
     const HUGE: u64 = 2 << 20;
