@@ -334,6 +334,35 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies, cap: Dur
     stop.store(true, Ordering::Relaxed);
 }
 
+/// Raises the soft limit on open descriptors (`RLIMIT_NOFILE`) to the hard
+/// one, as far as it goes: the daemon holds a frontend's memory files and
+/// eventfds, and up to `frontend_proxy::MAX_PENDING_CLOSES` of its
+/// descriptors whose close the frontend made block; a full table would
+/// refuse the next frontend's (and make the kernel close descriptors it
+/// cannot install on the receiving thread). Best effort: a failure is
+/// logged, not fatal.
+fn raise_descriptor_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) writing into a struct of ours.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } < 0 || lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let old = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: setrlimit(2) reading a struct of ours.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } < 0 {
+        warn!(
+            "cannot raise the open-descriptor limit from {old}: {}",
+            io::Error::last_os_error()
+        );
+    } else {
+        debug!("open-descriptor limit raised from {old} to {}", lim.rlim_cur);
+    }
+}
+
 /// Installs the daemon's logger (env_logger): the level from `RUST_LOG`
 /// (default `info`); colour from `RUST_LOG_STYLE` (`always`, `never`),
 /// else off when `NO_COLOR` is set or `CLICOLOR` is `0`, on when
@@ -378,6 +407,7 @@ pub fn init_logging() {
 /// seccomp filter does not work here, or binding the socket failed.
 pub fn run(config: &Config) -> Result<(), Error> {
     frontend_proxy::probe_eventfd_check().map_err(Error::EventFdCheck)?;
+    raise_descriptor_limit();
     let filter = if config.seccomp {
         let f = WorkerFilter::new()?;
         f.probe()?;

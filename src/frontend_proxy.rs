@@ -169,24 +169,30 @@ impl Drop for Fds {
 /// connection's own (`vuc-closer`), not waited for. If closing one blocks,
 /// only that thread waits, and the descriptors behind it stay open until
 /// it is done; the request pump, the teardown and later connections go
-/// on. What that can hold is bounded daemon-wide ([`pending_closes`]):
-/// past [`MAX_PENDING_CLOSES`] the request pump ends its connection, and
-/// the daemon does not serve another one until they are closed (or exits
-/// with status 3, see `daemon::serve_stream`).
+/// on. What that can hold is bounded: past [`MAX_PENDING_CLOSES`] of its
+/// own connection waiting, the request pump ends that connection; and the
+/// daemon does not serve another one while more than that many wait
+/// daemon-wide ([`pending_closes`]; or it exits with status 3, see
+/// `daemon::serve_stream`).
 #[derive(Clone, Debug)]
-pub struct Closer(std::sync::mpsc::Sender<OwnedFd>);
+pub struct Closer {
+    tx: std::sync::mpsc::Sender<OwnedFd>,
+    /// This connection's descriptors not closed yet.
+    mine: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 /// Frontend descriptors handed to closer threads and not closed yet, in
 /// the whole daemon.
 static PENDING_CLOSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Most frontend descriptors that may wait for closer threads, daemon-wide,
-/// before a connection is ended (an honest frontend's are closed as they
-/// come; each one waiting stays open in the daemon, and its closer thread
-/// stays too).
+/// Most frontend descriptors that may wait to be closed, per connection
+/// (more end it) and daemon-wide (more hold up the next connection). An
+/// honest frontend's are closed as they come; each one waiting stays open
+/// in the daemon, and so does the thread it waits on.
 pub const MAX_PENDING_CLOSES: usize = 256;
 
-/// Frontend descriptors handed to closer threads and not closed yet.
+/// Frontend descriptors waiting to be closed, daemon-wide (see
+/// [`PENDING_CLOSES`]).
 pub fn pending_closes() -> usize {
     PENDING_CLOSES.load(Ordering::Relaxed)
 }
@@ -199,20 +205,30 @@ impl Closer {
     /// The thread could not be started.
     pub fn start() -> io::Result<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<OwnedFd>();
+        let mine = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let left = mine.clone();
         thread::Builder::new().name("vuc-closer".into()).spawn(move || {
             for fd in rx {
                 drop(fd);
+                left.fetch_sub(1, Ordering::Relaxed);
                 PENDING_CLOSES.fetch_sub(1, Ordering::Relaxed);
             }
         })?;
-        Ok(Closer(tx))
+        Ok(Closer { tx, mine })
+    }
+
+    /// This connection's descriptors handed over and not closed yet.
+    fn pending(&self) -> usize {
+        self.mine.load(Ordering::Relaxed)
     }
 
     /// Hands `fd` to the closer thread (or, if that thread is gone, which
     /// cannot happen while a `Closer` exists, drops it here).
     fn close(&self, fd: OwnedFd) {
+        self.mine.fetch_add(1, Ordering::Relaxed);
         PENDING_CLOSES.fetch_add(1, Ordering::Relaxed);
-        if let Err(std::sync::mpsc::SendError(fd)) = self.0.send(fd) {
+        if let Err(std::sync::mpsc::SendError(fd)) = self.tx.send(fd) {
+            self.mine.fetch_sub(1, Ordering::Relaxed);
             PENDING_CLOSES.fetch_sub(1, Ordering::Relaxed);
             drop(fd);
         }
@@ -277,6 +293,14 @@ fn recv_message(sock: &UnixStream, closer: Option<&Closer>) -> io::Result<Option
                 r => r?,
             };
             fds.files.extend(more);
+            if fds.files.len() > MAX_ATTACHED_FDS {
+                // At once, not at the end of the message: the rest stay
+                // queued on the socket, for the closer (`run`).
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("more than {MAX_ATTACHED_FDS} descriptors on one message"),
+                ));
+            }
             if n == 0 {
                 break;
             }
@@ -301,15 +325,6 @@ fn recv_message(sock: &UnixStream, closer: Option<&Closer>) -> io::Result<Option
     let mut payload = Zeroizing::new(vec![0u8; size]);
     if recv_exact(&mut payload, &mut fds)? < size {
         return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    if fds.len() > MAX_ATTACHED_FDS {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "{} descriptors on one message (at most {MAX_ATTACHED_FDS})",
-                fds.len()
-            ),
-        ));
     }
     Ok(Some(Message { hdr, payload, fds }))
 }
@@ -590,12 +605,12 @@ fn pump_requests(
     let mut features_offered = false;
     let mut rings = vec![RingSetup::default(); config.num_queues];
     while let Some(mut msg) = recv_message(frontend, Some(closer))? {
-        if pending_closes() > MAX_PENDING_CLOSES {
-            // Closing frontend descriptors blocks (see `Fds`): taking more
-            // would only pile them up open in the daemon.
+        if closer.pending() > MAX_PENDING_CLOSES {
+            // Closing this frontend's descriptors blocks (see `Fds`):
+            // taking more would only pile them up open in the daemon.
             return Err(io::Error::other(format!(
-                "{} frontend descriptors wait to be closed (a close blocks)",
-                pending_closes()
+                "{} of the frontend's descriptors wait to be closed (a close blocks)",
+                closer.pending()
             )));
         }
         let (request, flags, _) = decode_header(&msg.hdr);

@@ -4130,3 +4130,146 @@ fn hugetlb_reservation_mapping_of_an_unaligned_size_is_not_left_behind() {
         left.len()
     );
 }
+
+/// The pump ends a connection once more than MAX_PENDING_CLOSES (256)
+/// frontend descriptors wait for closer threads *daemon-wide*, and the
+/// teardown lets the next frontend in once no more than 256 wait. A
+/// frontend that leaves exactly 256 waiting behind one blocked close
+/// (here: a lingering socket and 253 eventfds on GET_FEATURES, plus its
+/// own socket's two copies) is torn down and the next frontend is served,
+/// but that next, honest frontend starts at the limit: each descriptor it
+/// sends is counted until its own closer thread has closed it, and a
+/// message right behind one with a descriptor (QEMU sends SET_VRING_KICK,
+/// SET_VRING_CALL and the next ring's SET_VRING_NUM without waiting)
+/// finds 257 waiting and the connection is ended. A frontend must harm
+/// only its own connection.
+#[test]
+fn descriptors_left_waiting_by_one_frontend_do_not_end_the_next_honest_one() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let (sock, peer) = lingering_tcp_socket();
+    // 1 socket + 31 eventfds, then 222 more: 254 behind the blocked close.
+    hand_over_last_reference(&c, &Conn::message(GET_FEATURES, V1, &[]), sock, 31);
+    assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)));
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut sent = 32;
+    while sent < 254 {
+        let n = (254 - sent).min(32);
+        c.send(GET_FEATURES, V1, &[], &vec![ev.as_raw_fd(); n]).unwrap();
+        assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)), "after {sent}");
+        sent += n;
+    }
+    // Leaving adds the two copies of its socket: 256 wait, not more.
+    drop(c);
+    served_within(&mut daemon, Duration::from_secs(5)).expect("the next frontend is served");
+
+    // Honest frontends, one after another: QEMU's ring set-up order,
+    // KICK and CALL then the next message without waiting for anything.
+    let mut ended = Vec::new();
+    for i in 0..10 {
+        let c = Conn::negotiated(&daemon.sock);
+        let (kick, call) = (
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        );
+        c.send(SET_VRING_NUM, V1, &vring_state(0, 64), &[]).unwrap();
+        c.send(SET_VRING_KICK, V1, &0u64.to_le_bytes(), &[kick.as_raw_fd()])
+            .unwrap();
+        c.send(SET_VRING_CALL, V1, &0u64.to_le_bytes(), &[call.as_raw_fd()])
+            .unwrap();
+        c.send(SET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
+        c.send(GET_FEATURES, V1, &[], &[]).unwrap();
+        match c.recv() {
+            Got::Msg(GET_FEATURES, ..) => {}
+            other => ended.push(format!("frontend {i}: {other:?}")),
+        }
+    }
+    drop(peer);
+    assert!(
+        ended.is_empty(),
+        "honest frontends ended after another left 256 descriptors waiting behind a blocked close:\n{}\nlog tail: {}",
+        ended.join("\n"),
+        daemon.log_tail(1500)
+    );
+}
+
+/// recv_message takes every byte of a message, with every descriptor that
+/// came with any of them, before it counts them (more than 32 end the
+/// connection): a frontend that sends its message one byte per sendmsg,
+/// each with 253 descriptors, fills the daemon's whole descriptor table
+/// on the request pump. The recvmsg that finds the table full is
+/// truncated (MSG_CTRUNC), and the descriptors of that recvmsg are closed
+/// where it runs: vmm-sys-util's recv_with_fds closes those it installed,
+/// the kernel drops the others (their final fput runs on the same thread
+/// on its way back to user space). With a lingering socket among them
+/// whose last reference is in flight, the pump blocks in that close for
+/// the whole linger: the connection is never torn down, no later frontend
+/// is served, and the daemon does not even exit with status 3.
+#[test]
+fn descriptors_spread_over_one_message_cannot_make_the_pump_close_one() {
+    let mut daemon = Daemon::spawn(&[]);
+    let limit = daemon_fd_limit(&daemon);
+    let c = Conn::negotiated(&daemon.sock);
+    let (sock, peer) = lingering_tcp_socket();
+    // Stall the request pump (as hand_over_last_reference does): 1,000
+    // refused CREATEs whose replies are not read yet.
+    let big: libc::c_int = 64 << 20;
+    // SAFETY: setsockopt with an int of ours on a socket we own.
+    unsafe {
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            libc::setsockopt(
+                c.s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&big as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+    const N: usize = 1000;
+    let refused = Conn::message(CREATE_CRYPTO_SESSION, V1, &[0u8; 1072]);
+    let all: Vec<u8> = refused.iter().copied().cycle().take(refused.len() * N).collect();
+    (&c.s).write_all(&all).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let free = limit - daemon.snapshot().fds;
+    // One GET_FEATURES with a 4096-byte payload; its first bytes one per
+    // sendmsg, each with 253 copies of an eventfd, until ~100 slots are
+    // left, then one byte with the socket and 252 eventfds.
+    let msg = Conn::message(GET_FEATURES, V1, &[0u8; 4096]);
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut at = 0;
+    let mut left = free.saturating_sub(100);
+    while left > 0 {
+        let n = left.min(253);
+        let sent =
+            c.s.send_with_fds(&[&msg[at..at + 1]], &vec![ev.as_raw_fd(); n])
+                .unwrap();
+        assert_eq!(sent, 1);
+        at += 1;
+        left -= n;
+    }
+    let mut last = vec![sock.as_raw_fd()];
+    last.extend(std::iter::repeat_n(ev.as_raw_fd(), 252));
+    assert_eq!(c.s.send_with_fds(&[&msg[at..at + 1]], &last).unwrap(), 1);
+    at += 1;
+    (&c.s).write_all(&msg[at..]).unwrap();
+    // The in-flight copy keeps the socket open; this close returns at once.
+    drop(sock);
+    for _ in 0..N {
+        c.reply(CREATE_CRYPTO_SESSION);
+    }
+    eprintln!("{at} bytes with descriptors; {free} slots were free in the daemon");
+    c.s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let first = format!("{:?}", c.recv());
+    drop(c);
+    let r = served_within(&mut daemon, Duration::from_secs(20));
+    drop(peer);
+    match r {
+        Ok(t) => eprintln!("next frontend served after {t:?}"),
+        Err(e) if e.contains("exit status: 3") => eprintln!("{e} (last resort)"),
+        Err(e) => panic!(
+            "a message whose bytes carried {free}+ descriptors (answer: {first}), then disconnect: {e}\nlog tail: {}",
+            daemon.log_tail(1500)
+        ),
+    }
+}
