@@ -799,6 +799,18 @@ fn check_descriptor_count(request: u32, payload: &[u8], fds: usize) -> io::Resul
     ))
 }
 
+/// Memory checks ([`check_memory_regions_bounded`]) whose thread has not
+/// returned, daemon-wide.
+static MEMORY_CHECKS_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Most memory checks that may be running at a time: past it, a memory
+/// table is refused at once. (A check that does not return waits on a lock
+/// the frontend holds, e.g. the inode lock, uninterruptibly: not even an
+/// exit of the daemon could finish then; so the daemon goes on serving,
+/// with at most this many threads and 4 × 32 descriptor copies held, and
+/// refuses memory tables while they wait.)
+const MAX_STUCK_MEMORY_CHECKS: usize = 4;
+
 /// How long the checks of a memory table's files may take: they run on a
 /// thread of their own ([`check_memory_regions_bounded`]).
 const MEMORY_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -810,27 +822,48 @@ const MEMORY_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2
 /// in a page fault it never resolves; `fstat` of a FUSE file asks the FUSE
 /// server): then the region is refused and that thread is left to finish
 /// whenever the frontend lets it (it holds copies of the descriptors until
-/// then).
+/// then). While [`MAX_STUCK_MEMORY_CHECKS`] such threads wait, tables are
+/// refused at once.
 ///
 /// # Errors
-/// As [`check_memory_regions`]; `TimedOut` past the limit; `dup` failing.
+/// As [`check_memory_regions`]; `TimedOut` past the limit; `WouldBlock`
+/// while too many earlier checks wait; `dup` failing.
 fn check_memory_regions_bounded(
     request: u32,
     payload: &[u8],
     fds: &[File],
     require_sealed: bool,
 ) -> io::Result<()> {
-    let copies = fds
-        .iter()
-        .map(File::try_clone)
-        .collect::<io::Result<Vec<File>>>()?;
+    // Checks that have not returned hold their thread and copies of up to
+    // 32 descriptors each: at most MAX_STUCK_MEMORY_CHECKS at a time.
+    if MEMORY_CHECKS_RUNNING.fetch_add(1, Ordering::Relaxed) >= MAX_STUCK_MEMORY_CHECKS {
+        MEMORY_CHECKS_RUNNING.fetch_sub(1, Ordering::Relaxed);
+        return Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("{MAX_STUCK_MEMORY_CHECKS} earlier memory tables' checks are still blocked"),
+        ));
+    }
+    let done = || MEMORY_CHECKS_RUNNING.fetch_sub(1, Ordering::Relaxed);
+    let copies = match fds.iter().map(File::try_clone).collect::<io::Result<Vec<File>>>() {
+        Ok(c) => c,
+        Err(e) => {
+            done();
+            return Err(e);
+        }
+    };
     let payload = payload.to_vec();
     let (tx, rx) = std::sync::mpsc::channel();
-    thread::Builder::new()
-        .name("vuc-memcheck".into())
-        .spawn(move || {
-            let _ = tx.send(check_memory_regions(request, &payload, &copies, require_sealed));
-        })?;
+    let spawned = thread::Builder::new().name("vuc-memcheck".into()).spawn(move || {
+        let r = check_memory_regions(request, &payload, &copies, require_sealed);
+        drop(copies);
+        done();
+        let _ = tx.send(r);
+    });
+    if let Err(e) = spawned {
+        // (The closure, with the copies, was dropped.)
+        done();
+        return Err(e);
+    }
     match rx.recv_timeout(MEMORY_CHECK_LIMIT) {
         Ok(r) => r,
         Err(_) => Err(io::Error::new(

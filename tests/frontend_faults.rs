@@ -4193,6 +4193,56 @@ fn descriptors_left_waiting_by_one_frontend_do_not_end_the_next_honest_one() {
     );
 }
 
+/// A memory table whose checks time out leaves its vuc-memcheck thread
+/// behind, holding dups of every descriptor of the table, for as long as
+/// the frontend keeps its file busy (the thread waits uninterruptibly on
+/// the inode lock). Each frontend that left such a table used to add 32
+/// descriptors and a thread to the daemon, with no bound, up to its
+/// descriptor limit (at 32 per 2 s, the default 20,000 in about 21
+/// minutes); later frontends then met EMFILE. At most 4 such checks may
+/// wait now; further tables are refused at once while they do, and the
+/// daemon serves again once the frontend lets go.
+#[test]
+fn memory_checks_left_behind_do_not_pile_up_descriptors() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mem = sealable_memfd(MEM_SIZE);
+    let Some((uffd, writer)) = hold_inode_lock(&mem) else {
+        eprintln!("skipped: no userfaultfd here");
+        return;
+    };
+    let base = daemon.idle_snapshot();
+    let regions: Vec<(u64, u64, u64, u64)> = (0..32u64)
+        .map(|i| (i * 4096, 4096, UADDR + i * 4096, i * 4096))
+        .collect();
+    let table = mem_table(&regions);
+    let fds = vec![mem.as_raw_fd(); 32];
+    let n = 12;
+    for _ in 0..n {
+        let c = Conn::negotiated(&daemon.sock);
+        c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &fds).unwrap();
+        c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+        let _ = c.recv();
+    }
+    let after = daemon.idle_snapshot();
+    drop(uffd);
+    writer.join().unwrap();
+    eprintln!(
+        "after {n} tables of 32 regions in a locked memfd: fds {} -> {}, threads {} -> {}",
+        base.fds, after.fds, base.threads, after.threads
+    );
+    daemon.assert_alive("memory tables of a locked memfd");
+    // Once the frontend lets go, the checks return: the next frontend gets
+    // its memory table.
+    assert_nist(&daemon.sock, "memory tables of a locked memfd");
+    assert!(
+        after.fds <= base.fds + 4 * 32 + 64,
+        "{n} frontends, each gone after its table's checks timed out, left the daemon with {} more \
+         descriptors and {} more threads (nothing bounds them)",
+        after.fds - base.fds,
+        after.threads - base.threads
+    );
+}
+
 /// recv_message takes every byte of a message, with every descriptor that
 /// came with any of them, before it counts them (more than 32 end the
 /// connection): a frontend that sends its message one byte per sendmsg,
