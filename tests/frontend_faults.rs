@@ -4323,3 +4323,79 @@ fn descriptors_spread_over_one_message_cannot_make_the_pump_close_one() {
         ),
     }
 }
+
+/// A memory table whose checks time out leaves its vuc-memcheck thread
+/// waiting uninterruptibly on the frontend's inode lock (at most 4 such).
+/// The teardown's last resort, exit status 3, is still reachable meanwhile
+/// (here: more than 256 descriptors left behind a blocked close), and
+/// exit_group cannot finish while a thread sits in that wait: the process
+/// stays, serving nobody, for as long as the frontend process keeps its
+/// lock, which is as long as a frontend could hold the daemon by staying
+/// connected (a known residual, README). Once the frontend lets go, the
+/// exit finishes.
+#[test]
+fn exit_status_3_with_a_memory_check_left_waiting_finishes_once_the_frontend_lets_go() {
+    let mut daemon = Daemon::spawn(&[]);
+    let mem = sealable_memfd(MEM_SIZE);
+    let Some((uffd, writer)) = hold_inode_lock(&mem) else {
+        eprintln!("skipped: no userfaultfd here");
+        return;
+    };
+    // 1. One memory table whose checks time out (one vuc-memcheck left).
+    let c = Conn::negotiated(&daemon.sock);
+    let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
+    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
+        .unwrap();
+    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+    assert!(matches!(c.recv(), Got::Closed), "table of a locked memfd refused");
+    drop(c);
+    served_within(&mut daemon, Duration::from_secs(5)).expect("served with one check left waiting");
+
+    // 2. Another connection leaves more than 256 descriptors behind a
+    // blocked close: the teardown's last resort, exit status 3.
+    let c = Conn::negotiated(&daemon.sock);
+    let (sock, peer) = lingering_tcp_socket();
+    hand_over_last_reference(&c, &Conn::message(GET_FEATURES, V1, &[]), sock, 31);
+    assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)));
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    for _ in 0..20 {
+        if c.send(GET_FEATURES, V1, &[], &[ev.as_raw_fd(); 32]).is_err() {
+            break;
+        }
+        if !matches!(c.recv(), Got::Msg(GET_FEATURES, ..)) {
+            break;
+        }
+    }
+    drop(c);
+    // The exit-3 line comes 10 s into the teardown; the exit cannot finish.
+    let start = Instant::now();
+    while !daemon.log_tail(4000).contains("exiting (status 3)") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no exit-3 line\nlog tail: {}",
+            daemon.log_tail(1500)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the exit finished although a memory check waits on the frontend's lock (docs say it cannot)"
+    );
+    // The frontend lets go: the check returns and the exit finishes.
+    drop(uffd);
+    writer.join().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = daemon.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the daemon did not finish its exit once the frontend let go of the lock"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(peer);
+    assert_eq!(status.code(), Some(3), "exit status");
+}
