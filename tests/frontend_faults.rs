@@ -3623,6 +3623,30 @@ fn hand_over_last_reference(c: &Conn, bytes: &[u8], sock: std::net::TcpStream, e
     }
 }
 
+/// Makes the daemon's close of a lingering TCP socket (attached to a
+/// GET_FEATURES with 31 eventfds) block, then sends GET_FEATURES messages
+/// with up to 32 copies of an eventfd each, until `total` descriptors
+/// (the socket included) went with answered messages or the daemon ends
+/// the connection. Returns the socket's peer (keep it open, or the close
+/// ends) and how many were answered.
+fn queue_behind_a_blocked_close(c: &Conn, total: usize) -> (std::net::TcpStream, usize) {
+    let (sock, peer) = lingering_tcp_socket();
+    hand_over_last_reference(c, &Conn::message(GET_FEATURES, V1, &[]), sock, 31);
+    assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)));
+    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut sent = 32;
+    while sent < total {
+        let n = (total - sent).min(32);
+        if c.send(GET_FEATURES, V1, &[], &vec![ev.as_raw_fd(); n]).is_err()
+            || !matches!(c.recv(), Got::Msg(GET_FEATURES, ..))
+        {
+            break;
+        }
+        sent += n;
+    }
+    (peer, sent)
+}
+
 /// Whether the daemon answers a GET_FEATURES on a new connection within
 /// `limit`; Err with what happened instead (exit status or no answer).
 fn served_within(daemon: &mut Daemon, limit: Duration) -> Result<Duration, String> {
@@ -4147,18 +4171,8 @@ fn hugetlb_reservation_mapping_of_an_unaligned_size_is_not_left_behind() {
 fn descriptors_left_waiting_by_one_frontend_do_not_end_the_next_honest_one() {
     let mut daemon = Daemon::spawn(&[]);
     let c = Conn::negotiated(&daemon.sock);
-    let (sock, peer) = lingering_tcp_socket();
-    // 1 socket + 31 eventfds, then 222 more: 254 behind the blocked close.
-    hand_over_last_reference(&c, &Conn::message(GET_FEATURES, V1, &[]), sock, 31);
-    assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)));
-    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
-    let mut sent = 32;
-    while sent < 254 {
-        let n = (254 - sent).min(32);
-        c.send(GET_FEATURES, V1, &[], &vec![ev.as_raw_fd(); n]).unwrap();
-        assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)), "after {sent}");
-        sent += n;
-    }
+    let (peer, sent) = queue_behind_a_blocked_close(&c, 254);
+    assert_eq!(sent, 254);
     // Leaving adds the two copies of its socket: 256 wait, not more.
     drop(c);
     served_within(&mut daemon, Duration::from_secs(5)).expect("the next frontend is served");
@@ -4354,18 +4368,8 @@ fn exit_status_3_with_a_memory_check_left_waiting_finishes_once_the_frontend_let
     // 2. Another connection leaves more than 256 descriptors behind a
     // blocked close: the teardown's last resort, exit status 3.
     let c = Conn::negotiated(&daemon.sock);
-    let (sock, peer) = lingering_tcp_socket();
-    hand_over_last_reference(&c, &Conn::message(GET_FEATURES, V1, &[]), sock, 31);
-    assert!(matches!(c.recv(), Got::Msg(GET_FEATURES, ..)));
-    let ev = EventFd::new(EFD_NONBLOCK).unwrap();
-    for _ in 0..20 {
-        if c.send(GET_FEATURES, V1, &[], &[ev.as_raw_fd(); 32]).is_err() {
-            break;
-        }
-        if !matches!(c.recv(), Got::Msg(GET_FEATURES, ..)) {
-            break;
-        }
-    }
+    let (peer, sent) = queue_behind_a_blocked_close(&c, 640);
+    assert!(sent > 256, "only {sent} descriptors taken");
     drop(c);
     // The exit-3 line comes 10 s into the teardown; the exit cannot finish.
     let start = Instant::now();
