@@ -408,6 +408,8 @@ pub fn init_logging() {
 pub fn run(config: &Config) -> Result<(), Error> {
     frontend_proxy::probe_eventfd_check().map_err(Error::EventFdCheck)?;
     raise_descriptor_limit();
+    // (This binary, also when its file was replaced or removed since.)
+    frontend_proxy::use_memory_check_helper("/proc/self/exe".into());
     let filter = if config.seccomp {
         let f = WorkerFilter::new()?;
         f.probe()?;

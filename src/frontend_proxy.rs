@@ -36,8 +36,8 @@
 //!   accepted with a warning, or ends the connection with
 //!   `--require-sealed-memory` (see [`seal_against_shrinking`]); the files
 //!   must be regular files, a hugetlbfs region gets its huge pages reserved
-//!   (or is refused), and all of it must be done within 2 s
-//!   (`check_memory_regions_bounded`);
+//!   (or is refused), and all of it must be done within 2 s, in a helper
+//!   process (`check_memory_regions_bounded`);
 //! * `SET_PROTOCOL_FEATURES` with a bit the daemon did not offer ends the
 //!   connection (the library would take it);
 //! * descriptors: one per region of `SET_MEM_TABLE`, one with
@@ -191,8 +191,8 @@ static PENDING_CLOSES: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomi
 /// in the daemon, and so does the thread it waits on.
 pub const MAX_PENDING_CLOSES: usize = 256;
 
-/// Frontend descriptors waiting to be closed, daemon-wide (see
-/// [`PENDING_CLOSES`]).
+/// Frontend descriptors handed to closer threads ([`Closer`]) and not
+/// closed yet, daemon-wide.
 pub fn pending_closes() -> usize {
     PENDING_CLOSES.load(Ordering::Relaxed)
 }
@@ -815,15 +815,17 @@ const MAX_STUCK_MEMORY_CHECKS: usize = 4;
 /// thread of their own ([`check_memory_regions_bounded`]).
 const MEMORY_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// [`check_memory_regions`] on a thread of its own, for at most
-/// [`MEMORY_CHECK_LIMIT`]. The frontend can make the checks' system calls
-/// on its files wait as long as it likes (`F_ADD_SEALS` takes the file's
+/// [`check_memory_regions`] in a helper process ([`use_memory_check_helper`];
+/// else on a thread of its own), for at most [`MEMORY_CHECK_LIMIT`]. The
+/// frontend can make the checks' system calls on its files wait as long as
+/// it likes (`F_ADD_SEALS` takes the file's
 /// inode lock, which a write of the frontend's own can hold while it waits
 /// in a page fault it never resolves; `fstat` of a FUSE file asks the FUSE
-/// server): then the region is refused and that thread is left to finish
-/// whenever the frontend lets it (it holds copies of the descriptors until
-/// then). While [`MAX_STUCK_MEMORY_CHECKS`] such threads wait, tables are
-/// refused at once.
+/// server): then the region is refused, and a helper process is killed (it
+/// dies once the frontend lets it), a thread left to finish whenever the
+/// frontend lets it (holding copies of the descriptors until then).
+/// While [`MAX_STUCK_MEMORY_CHECKS`] such checks wait, tables are refused
+/// at once.
 ///
 /// # Errors
 /// As [`check_memory_regions`]; `TimedOut` past the limit; `WouldBlock`
@@ -834,6 +836,246 @@ fn check_memory_regions_bounded(
     fds: &[File],
     require_sealed: bool,
 ) -> io::Result<()> {
+    let warnings = match MEMORY_CHECK_HELPER.get() {
+        Some(exe) => match check_in_helper(exe, request, payload, fds, require_sealed) {
+            Err(HelperError::Spawn(e)) => {
+                warn!("cannot start the memory check helper ({e}); checking on a thread");
+                check_on_thread(request, payload, fds, require_sealed)?
+            }
+            Err(HelperError::Check(e)) => return Err(e),
+            Ok(w) => w,
+        },
+        None => check_on_thread(request, payload, fds, require_sealed)?,
+    };
+    for w in warnings {
+        warn!("{w}");
+    }
+    Ok(())
+}
+
+/// The argument that makes the daemon's binary run one memory check for
+/// its parent ([`memory_check_helper_main`]); not for users.
+pub const MEMORY_CHECK_HELPER_ARG: &str = "--internal-memory-check";
+
+/// The binary [`check_memory_regions_bounded`] runs the checks in, when
+/// set ([`use_memory_check_helper`]).
+static MEMORY_CHECK_HELPER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Helper processes whose check did not finish in time (killed, to be
+/// reaped), daemon-wide.
+static STUCK_HELPERS: Mutex<Vec<std::process::Child>> = Mutex::new(Vec::new());
+
+/// Makes the memory table checks (`check_memory_regions_bounded`) run in a process of
+/// their own, `exe` started with [`MEMORY_CHECK_HELPER_ARG`] (the daemon
+/// passes `/proc/self/exe`). A check that waits uninterruptibly on a lock
+/// the frontend holds then keeps only that process waiting, with copies of
+/// the region descriptors and nothing else of the daemon's: the daemon can
+/// still exit. Without it (the library's tests), the checks run on a
+/// thread of the daemon's own.
+pub fn use_memory_check_helper(exe: std::path::PathBuf) {
+    let _ = MEMORY_CHECK_HELPER.set(exe);
+}
+
+/// The helper process's side of [`use_memory_check_helper`]: `args` are
+/// the request code, `1` or `0` for `--require-sealed-memory`, and the
+/// number N of region descriptors, which it has as descriptors 3 to
+/// 2 + N; the payload comes on standard input. Writes a line `W <text>`
+/// per warning, then `OK`, or `ERR <text>`, to standard output. Returns
+/// the exit status.
+pub fn memory_check_helper_main(args: &[String]) -> i32 {
+    let (Some(request), Some(sealed), Some(n)) = (
+        args.first().and_then(|a| a.parse::<u32>().ok()),
+        args.get(1),
+        args.get(2)
+            .and_then(|a| a.parse::<usize>().ok())
+            .filter(|&n| n <= MAX_ATTACHED_FDS),
+    ) else {
+        return 2;
+    };
+    let mut payload = Vec::new();
+    if io::stdin()
+        .take(VHOST_USER_MAX_PAYLOAD as u64)
+        .read_to_end(&mut payload)
+        .is_err()
+    {
+        return 2;
+    }
+    // SAFETY: the parent passed exactly these N descriptors, 3 to 2 + N
+    // (`check_in_helper`), and nothing else owns them here.
+    let files: Vec<File> = (0..n)
+        .map(|i| unsafe { File::from_raw_fd(3 + i as RawFd) })
+        .collect();
+    let out = match check_memory_regions(request, &payload, &files, sealed == "1") {
+        Ok(warnings) => {
+            let mut o: String = warnings
+                .iter()
+                .map(|w| format!("W {}\n", w.replace('\n', " ")))
+                .collect();
+            o.push_str("OK\n");
+            o
+        }
+        Err(e) => format!("ERR {}\n", e.to_string().replace('\n', " ")),
+    };
+    if io::stdout().write_all(out.as_bytes()).is_err() {
+        return 1;
+    }
+    0
+}
+
+/// Why [`check_in_helper`] gave no answer.
+enum HelperError {
+    /// The helper process could not be started (the caller checks on a
+    /// thread instead).
+    Spawn(io::Error),
+    /// The check refused the table, or did not finish in time.
+    Check(io::Error),
+}
+
+impl From<io::Error> for HelperError {
+    fn from(e: io::Error) -> Self {
+        HelperError::Check(e)
+    }
+}
+
+/// [`check_memory_regions_bounded`] in a helper process (see
+/// [`use_memory_check_helper`]).
+fn check_in_helper(
+    exe: &std::path::Path,
+    request: u32,
+    payload: &[u8],
+    fds: &[File],
+    require_sealed: bool,
+) -> Result<Vec<String>, HelperError> {
+    use std::os::unix::process::CommandExt;
+    {
+        let mut stuck = STUCK_HELPERS.lock().unwrap_or_else(|e| e.into_inner());
+        stuck.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        if stuck.len() >= MAX_STUCK_MEMORY_CHECKS {
+            return Err(HelperError::Check(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{MAX_STUCK_MEMORY_CHECKS} earlier memory tables' checks are still blocked"),
+            )));
+        }
+    }
+    let n = fds.len().min(MAX_ATTACHED_FDS);
+    let mut raw = [-1 as RawFd; MAX_ATTACHED_FDS];
+    for (r, f) in raw.iter_mut().zip(fds) {
+        *r = f.as_raw_fd();
+    }
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg(MEMORY_CHECK_HELPER_ARG)
+        .arg(request.to_string())
+        .arg(if require_sealed { "1" } else { "0" })
+        .arg(n.to_string())
+        .env("RUST_LOG", "off")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec and makes
+    // only async-signal-safe system calls (fcntl, dup2, close_range) on
+    // plain integers; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            let first = 3 + n as RawFd;
+            let mut high = [-1 as RawFd; MAX_ATTACHED_FDS];
+            // Copies above the target range first, so that placing them
+            // at 3.. cannot overwrite one not yet placed.
+            for i in 0..n {
+                high[i] = libc::fcntl(raw[i], libc::F_DUPFD_CLOEXEC, first);
+                if high[i] < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for (i, &h) in high.iter().enumerate().take(n) {
+                if libc::dup2(h, 3 + i as RawFd) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // Nothing else of the daemon's goes along: close-on-exec for
+            // all the rest (CLOSE_RANGE_CLOEXEC, Linux 5.11; closing them
+            // here would also close the pipe on which the standard library
+            // reports a failed exec).
+            const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+            libc::syscall(
+                libc::SYS_close_range,
+                first as libc::c_uint,
+                libc::c_uint::MAX,
+                CLOSE_RANGE_CLOEXEC,
+            );
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(HelperError::Spawn)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(payload);
+    }
+    let Some(mut stdout) = child.stdout.take() else {
+        return Err(io::Error::other("memory check helper without output").into());
+    };
+    set_nonblocking(stdout.as_raw_fd())?;
+    let deadline = std::time::Instant::now() + MEMORY_CHECK_LIMIT;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stdout.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => out.extend_from_slice(&buf[..k]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    // It waits on something of the frontend's: killed
+                    // (it dies once that lets it go), reaped later.
+                    let _ = child.kill();
+                    STUCK_HELPERS
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(child);
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("checking the memory regions' files took more than {MEMORY_CHECK_LIMIT:?}"),
+                    )
+                    .into());
+                }
+                let mut p = libc::pollfd {
+                    fd: stdout.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: poll(2) on one pollfd of ours.
+                unsafe {
+                    libc::poll(
+                        &mut p,
+                        1,
+                        i32::try_from(left.as_millis()).unwrap_or(i32::MAX).max(1),
+                    )
+                };
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let _ = child.wait();
+    let text = String::from_utf8_lossy(&out);
+    let mut warnings = Vec::new();
+    for line in text.lines() {
+        if let Some(w) = line.strip_prefix("W ") {
+            warnings.push(w.to_string());
+        } else if line == "OK" {
+            return Ok(warnings);
+        } else if let Some(e) = line.strip_prefix("ERR ") {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string()).into());
+        }
+    }
+    Err(io::Error::other("the memory check helper gave no result").into())
+}
+
+/// [`check_memory_regions_bounded`] on a thread of this process.
+fn check_on_thread(
+    request: u32,
+    payload: &[u8],
+    fds: &[File],
+    require_sealed: bool,
+) -> io::Result<Vec<String>> {
     // Checks that have not returned hold their thread and copies of up to
     // 32 descriptors each: at most MAX_STUCK_MEMORY_CHECKS at a time.
     if MEMORY_CHECKS_RUNNING.fetch_add(1, Ordering::Relaxed) >= MAX_STUCK_MEMORY_CHECKS {
@@ -882,7 +1124,13 @@ fn check_memory_regions_bounded(
 /// `VhostUserMemory` (u32 count, u32 padding, then 32-byte regions: guest
 /// address, size, frontend address, mmap offset), or for ADD_MEM_REG an u64
 /// padding and one region (vhost-user spec, "Memory regions description").
-fn check_memory_regions(request: u32, payload: &[u8], fds: &[File], require_sealed: bool) -> io::Result<()> {
+fn check_memory_regions(
+    request: u32,
+    payload: &[u8],
+    fds: &[File],
+    require_sealed: bool,
+) -> io::Result<Vec<String>> {
+    let mut warnings = Vec::new();
     let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidData, m));
     let regions = if request == VHOST_USER_SET_MEM_TABLE {
         payload.get(8..)
@@ -908,19 +1156,18 @@ fn check_memory_regions(request: u32, payload: &[u8], fds: &[File], require_seal
             continue;
         };
         match seal_against_shrinking(file) {
-            ShrinkSeal::Present => {}
-            ShrinkSeal::Added => debug!("memory region {i}: sealed its memfd against shrinking"),
+            ShrinkSeal::Present | ShrinkSeal::Added => {}
             ShrinkSeal::Impossible(why) if require_sealed => {
                 return bad(format!(
                     "memory region {i}: its file cannot be sealed against shrinking ({why}), \
                      and --require-sealed-memory is set"
                 ));
             }
-            ShrinkSeal::Impossible(why) => warn!(
+            ShrinkSeal::Impossible(why) => warnings.push(format!(
                 "memory region {i}: its file cannot be sealed against shrinking ({why}); \
                  if the frontend truncates it, the daemon dies of SIGBUS (--require-sealed-memory \
                  refuses such regions)"
-            ),
+            )),
         }
         let meta = file.metadata()?;
         if !meta.file_type().is_file() {
@@ -932,9 +1179,10 @@ fn check_memory_regions(request: u32, payload: &[u8], fds: &[File], require_seal
                 "memory region {i}: {size} bytes at offset {offset} do not fit its {file_len}-byte file"
             ));
         }
-        reserve_huge_pages(file, offset, size).or_else(|e| bad(format!("memory region {i}: {e}")))?;
+        reserve_huge_pages(file, offset, size)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("memory region {i}: {e}")))?;
     }
-    Ok(())
+    Ok(warnings)
 }
 
 /// `HUGETLBFS_MAGIC` (statfs(2)).
@@ -1790,6 +2038,18 @@ mod tests {
         let sock = [File::from(OwnedFd::from(a))];
         let e = check_memory_regions(VHOST_USER_SET_MEM_TABLE, &table(0, 0), &sock, false).unwrap_err();
         assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn memory_checks_fall_back_to_a_thread_when_the_helper_cannot_start() {
+        // (Process-wide: other tests' tables then fall back the same way.)
+        use_memory_check_helper("/nonexistent/vuc-memory-check".into());
+        let f = [memfd(libc::MFD_ALLOW_SEALING, 1 << 20)];
+        let check = |p: &[u8]| check_memory_regions_bounded(VHOST_USER_SET_MEM_TABLE, p, &f, false);
+        check(&table(1 << 20, 0)).unwrap();
+        assert_eq!(seals(&f[0]) & libc::F_SEAL_SHRINK, libc::F_SEAL_SHRINK);
+        let e = check(&table(2 << 20, 0)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     #[test]
