@@ -1010,26 +1010,43 @@ fn check_in_helper(
         let _ = stdin.write_all(payload);
     }
     let Some(mut stdout) = child.stdout.take() else {
+        reap_or_keep(child);
         return Err(io::Error::other("memory check helper without output").into());
     };
-    set_nonblocking(stdout.as_raw_fd())?;
+    if let Err(e) = set_nonblocking(stdout.as_raw_fd()) {
+        let _ = child.kill();
+        reap_or_keep(child);
+        return Err(e.into());
+    }
     let deadline = std::time::Instant::now() + MEMORY_CHECK_LIMIT;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
+    // Until the answer's last line, not until EOF: the helper's exit
+    // closes the region files after its stdout, and closing one can wait
+    // on the frontend (a FUSE file's FLUSH).
+    let answered = |out: &[u8]| {
+        out.ends_with(b"\n")
+            && out[..out.len() - 1]
+                .rsplit(|&b| b == b'\n')
+                .next()
+                .is_some_and(|last| last == b"OK" || last.starts_with(b"ERR "))
+    };
     loop {
         match stdout.read(&mut buf) {
             Ok(0) => break,
-            Ok(k) => out.extend_from_slice(&buf[..k]),
+            Ok(k) => {
+                out.extend_from_slice(&buf[..k]);
+                if answered(&out) {
+                    break;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 if left.is_zero() {
                     // It waits on something of the frontend's: killed
                     // (it dies once that lets it go), reaped later.
                     let _ = child.kill();
-                    STUCK_HELPERS
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(child);
+                    reap_or_keep(child);
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         format!("checking the memory regions' files took more than {MEMORY_CHECK_LIMIT:?}"),
@@ -1051,10 +1068,13 @@ fn check_in_helper(
                 };
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                reap_or_keep(child);
+                return Err(e.into());
+            }
         }
     }
-    let _ = child.wait();
+    reap_or_keep(child);
     let text = String::from_utf8_lossy(&out);
     let mut warnings = Vec::new();
     for line in text.lines() {
@@ -1067,6 +1087,24 @@ fn check_in_helper(
         }
     }
     Err(io::Error::other("the memory check helper gave no result").into())
+}
+
+/// Reaps a helper process that has exited, or exits within 100 ms (after
+/// its answer it only closes its descriptors); one that does not is kept
+/// in `STUCK_HELPERS`, to be reaped later and counted until then.
+fn reap_or_keep(mut child: std::process::Child) {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) if std::time::Instant::now() >= until => break,
+            Ok(None) => thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+    STUCK_HELPERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(child);
 }
 
 /// [`check_memory_regions_bounded`] on a thread of this process.
