@@ -836,17 +836,10 @@ fn check_memory_regions_bounded(
     fds: &[File],
     require_sealed: bool,
 ) -> io::Result<()> {
-    let warnings = match MEMORY_CHECK_HELPER.get() {
-        Some(exe) => match check_in_helper(exe, request, payload, fds, require_sealed) {
-            Err(HelperError::Spawn(e)) => {
-                warn!("cannot start the memory check helper ({e}); checking on a thread");
-                check_on_thread(request, payload, fds, require_sealed)?
-            }
-            Err(HelperError::Check(e)) => return Err(e),
-            Ok(w) => w,
-        },
-        None => check_on_thread(request, payload, fds, require_sealed)?,
-    };
+    // Even the helper's start runs on the thread: its exec closes the
+    // child's close-on-exec copies of the region files, and closing a FUSE
+    // file waits for the frontend's server (FLUSH).
+    let warnings = check_on_thread(request, payload, fds, require_sealed)?;
     for w in warnings {
         warn!("{w}");
     }
@@ -1134,7 +1127,17 @@ fn check_on_thread(
     let payload = payload.to_vec();
     let (tx, rx) = std::sync::mpsc::channel();
     let spawned = thread::Builder::new().name("vuc-memcheck".into()).spawn(move || {
-        let r = check_memory_regions(request, &payload, &copies, require_sealed);
+        let r = match MEMORY_CHECK_HELPER.get() {
+            Some(exe) => match check_in_helper(exe, request, &payload, &copies, require_sealed) {
+                Err(HelperError::Spawn(e)) => {
+                    warn!("cannot start the memory check helper ({e}); checking on this thread");
+                    check_memory_regions(request, &payload, &copies, require_sealed)
+                }
+                Err(HelperError::Check(e)) => Err(e),
+                Ok(w) => Ok(w),
+            },
+            None => check_memory_regions(request, &payload, &copies, require_sealed),
+        };
         drop(copies);
         done();
         let _ = tx.send(r);
