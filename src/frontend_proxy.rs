@@ -815,37 +815,6 @@ const MAX_STUCK_MEMORY_CHECKS: usize = 4;
 /// thread of their own ([`check_memory_regions_bounded`]).
 const MEMORY_CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// [`check_memory_regions`] in a helper process ([`use_memory_check_helper`];
-/// else on a thread of its own), for at most [`MEMORY_CHECK_LIMIT`]. The
-/// frontend can make the checks' system calls on its files wait as long as
-/// it likes (`F_ADD_SEALS` takes the file's
-/// inode lock, which a write of the frontend's own can hold while it waits
-/// in a page fault it never resolves; `fstat` of a FUSE file asks the FUSE
-/// server): then the region is refused, and a helper process is killed (it
-/// dies once the frontend lets it), a thread left to finish whenever the
-/// frontend lets it (holding copies of the descriptors until then).
-/// While [`MAX_STUCK_MEMORY_CHECKS`] such checks wait, tables are refused
-/// at once.
-///
-/// # Errors
-/// As [`check_memory_regions`]; `TimedOut` past the limit; `WouldBlock`
-/// while too many earlier checks wait; `dup` failing.
-fn check_memory_regions_bounded(
-    request: u32,
-    payload: &[u8],
-    fds: &[File],
-    require_sealed: bool,
-) -> io::Result<()> {
-    // Even the helper's start runs on the thread: its exec closes the
-    // child's close-on-exec copies of the region files, and closing a FUSE
-    // file waits for the frontend's server (FLUSH).
-    let warnings = check_on_thread(request, payload, fds, require_sealed)?;
-    for w in warnings {
-        warn!("{w}");
-    }
-    Ok(())
-}
-
 /// The argument that makes the daemon's binary run one memory check for
 /// its parent ([`memory_check_helper_main`]); not for users.
 pub const MEMORY_CHECK_HELPER_ARG: &str = "--internal-memory-check";
@@ -1100,13 +1069,29 @@ fn reap_or_keep(mut child: std::process::Child) {
         .push(child);
 }
 
-/// [`check_memory_regions_bounded`] on a thread of this process.
-fn check_on_thread(
+/// [`check_memory_regions`] in a helper process ([`use_memory_check_helper`];
+/// else directly), started from a thread of its own, for at most
+/// [`MEMORY_CHECK_LIMIT`]; its warnings are logged. The frontend can make
+/// the checks' system calls on its files wait as long as it likes
+/// (`F_ADD_SEALS` takes the file's inode lock, which a write of the
+/// frontend's own can hold while it waits in a page fault it never
+/// resolves; `fstat` of a FUSE file asks the FUSE server; the helper's exec
+/// closes copies of a FUSE file, which waits for the server): then the
+/// region is refused, a helper process is killed (it dies once the
+/// frontend lets it), and the thread is left to finish whenever the
+/// frontend lets it (holding copies of the descriptors until then).
+/// While [`MAX_STUCK_MEMORY_CHECKS`] such checks wait, tables are refused
+/// at once.
+///
+/// # Errors
+/// As [`check_memory_regions`]; `TimedOut` past the limit; `WouldBlock`
+/// while too many earlier checks wait; `dup` failing.
+fn check_memory_regions_bounded(
     request: u32,
     payload: &[u8],
     fds: &[File],
     require_sealed: bool,
-) -> io::Result<Vec<String>> {
+) -> io::Result<()> {
     // Checks that have not returned hold their thread and copies of up to
     // 32 descriptors each: at most MAX_STUCK_MEMORY_CHECKS at a time.
     if MEMORY_CHECKS_RUNNING.fetch_add(1, Ordering::Relaxed) >= MAX_STUCK_MEMORY_CHECKS {
@@ -1126,6 +1111,9 @@ fn check_on_thread(
     };
     let payload = payload.to_vec();
     let (tx, rx) = std::sync::mpsc::channel();
+    // Even the helper's start runs on this thread: its exec closes the
+    // child's close-on-exec copies of the region files, and closing a FUSE
+    // file waits for the frontend's server (FLUSH).
     let spawned = thread::Builder::new().name("vuc-memcheck".into()).spawn(move || {
         let r = match MEMORY_CHECK_HELPER.get() {
             Some(exe) => match check_in_helper(exe, request, &payload, &copies, require_sealed) {
@@ -1148,7 +1136,12 @@ fn check_on_thread(
         return Err(e);
     }
     match rx.recv_timeout(MEMORY_CHECK_LIMIT) {
-        Ok(r) => r,
+        Ok(r) => {
+            for w in r? {
+                warn!("{w}");
+            }
+            Ok(())
+        }
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("checking the memory regions' files took more than {MEMORY_CHECK_LIMIT:?}"),
