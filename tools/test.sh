@@ -41,6 +41,14 @@ if [ "$(printf '%s\n%s\n' "$want_rust" "$have_rust" | sort -V | head -n 1)" != "
     echo "Rust $have_rust is older than the workspace's rust-version $want_rust: install a newer one with rustup ('rustup update stable', or https://rustup.rs)" >&2
     exit 1
 fi
+# Every crate in Cargo.lock must build with that rust-version too (a
+# `cargo update` can bring one that needs a newer Rust).
+ver3() { awk -F. '{ printf "%d.%d.%d\n", $1, $2, $3 }'; }
+lock_rust=$(cargo metadata --format-version 1 | grep -o '"rust_version":"[0-9.]*"' | cut -d'"' -f4 | ver3 | sort -V | tail -n 1)
+if [ "$(printf '%s\n%s\n' "$lock_rust" "$(ver3 <<<"$want_rust")" | sort -V | tail -n 1)" != "$(ver3 <<<"$want_rust")" ]; then
+    echo "Cargo.lock holds a crate that needs Rust $lock_rust, newer than the workspace's rust-version $want_rust: pin an older version (cargo update -p CRATE --precise VERSION)" >&2
+    exit 1
+fi
 for c in clippy rustfmt; do
     if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
         rustup component add "$c"
