@@ -56,8 +56,8 @@ struct SoakArgs {
     /// PRNG seed (the same seed gives the same requests).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Number of requests.
-    #[arg(long, default_value_t = 100_000)]
+    /// Number of requests (at least 1).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Number of data queues.
     #[arg(long, default_value_t = 1)]
@@ -85,8 +85,8 @@ struct SoakArgs {
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
-    /// Seconds to wait for a completion before failing.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds to wait for a completion before failing (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
 }
 
@@ -150,8 +150,8 @@ struct GenArgs {
     /// Bytes per request (multiple of 16).
     #[arg(long, default_value_t = 256)]
     size: usize,
-    /// Number of requests.
-    #[arg(long, default_value_t = 1000)]
+    /// Number of requests (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
     /// Number of keys (each gets an encrypt and a decrypt session).
     #[arg(long, default_value_t = 1)]
@@ -194,14 +194,14 @@ struct RunArgs {
     /// CREATE, layout A, indirect tables, ring slot i = head i, polling.
     #[arg(long)]
     dpdk: bool,
-    /// Replay the trace this many times.
-    #[arg(long, default_value_t = 1)]
+    /// Replay the trace this many times (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
-    /// Seconds to wait for a completion before failing.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds to wait for a completion before failing (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: u64,
     /// Differential mode: also replay the trace against DPDK 22.11's
     /// vhost_crypto at this socket (driven as with --dpdk) and compare every
@@ -442,6 +442,21 @@ mod tests {
         let e = parse(&["--socket", "s", "--daemon-bin", "d", "t.jsonl"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
         assert!(e.to_string().contains("--daemon-bin"), "{e}");
+    }
+
+    #[test]
+    fn counts_repeats_and_timeouts_of_zero_are_usage_errors() {
+        for args in [
+            &["gen", "--count", "0", "--out", "f"][..],
+            &["soak", "--spawn-daemon", "--count", "0"],
+            &["soak", "--spawn-daemon", "--timeout", "0"],
+            &["--spawn-daemon", "--repeat", "0", "t.jsonl"],
+            &["--spawn-daemon", "--timeout", "0", "t.jsonl"],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{args:?}");
+        }
+        assert!(parse(&["--spawn-daemon", "--repeat", "1", "--timeout", "1", "t.jsonl"]).is_ok());
     }
 
     #[test]

@@ -390,6 +390,9 @@ pub enum TraceError {
     /// A line does not parse.
     #[error("trace line {0}: {1}")]
     Line(usize, String),
+    /// The file holds nothing to do (only blank and comment lines).
+    #[error("trace {0} is empty: no sessions and no requests")]
+    Empty(String),
 }
 
 /// Decodes hex.
@@ -745,14 +748,18 @@ impl Trace {
     /// Reads and parses a trace file.
     ///
     /// # Errors
-    /// [`TraceError`].
+    /// [`TraceError`]; [`TraceError::Empty`] for a file with no steps.
     pub fn load(path: &std::path::Path) -> Result<Trace, TraceError> {
         let io = |e| TraceError::Io(path.display().to_string(), e);
         let f = std::fs::File::open(path).map_err(io)?;
         if f.metadata().map_err(io)?.is_dir() {
             return Err(io(std::io::ErrorKind::IsADirectory.into()));
         }
-        Self::parse(std::io::BufReader::new(f))
+        let t = Self::parse(std::io::BufReader::new(f))?;
+        if t.steps.is_empty() {
+            return Err(TraceError::Empty(path.display().to_string()));
+        }
+        Ok(t)
     }
 
     /// Number of requests.
@@ -805,6 +812,25 @@ mod tests {
             e,
             format!("cannot read trace {}: is a directory", dir.path().display())
         );
+    }
+
+    #[test]
+    fn a_trace_with_nothing_to_do_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        std::fs::write(&path, "# only a comment\n\n").unwrap();
+        let e = Trace::load(&path).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!("trace {} is empty: no sessions and no requests", path.display())
+        );
+        // One session and no requests is a trace (it checks CREATE).
+        std::fs::write(
+            &path,
+            "{\"op\":\"create_session\",\"name\":\"s\",\"algo\":\"aes-cbc\",\"key\":\"00000000000000000000000000000000\",\"direction\":\"encrypt\"}\n",
+        )
+        .unwrap();
+        assert_eq!(Trace::load(&path).unwrap().steps.len(), 1);
     }
 
     #[test]
