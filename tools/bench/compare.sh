@@ -251,6 +251,22 @@ replay_run() {
     fi
 }
 
+# Commands this script runs besides cargo, and the Debian packages that
+# have them (taskset and getconf come with every Debian system); missing
+# ones are installed with apt-get (through sudo when not root).
+need_pkgs=()
+for cp in jq:jq openssl:openssl python3:python3 taskset:util-linux getconf:libc-bin; do
+    command -v "${cp%%:*}" >/dev/null 2>&1 || need_pkgs+=("${cp#*:}")
+done
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    command -v apt-get >/dev/null 2>&1 || { echo "compare.sh: install ${need_pkgs[*]} first" >&2; exit 1; }
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    log "installing ${need_pkgs[*]}"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_pkgs[@]}"
+fi
+
 START=$(date +%s)
 mkdir -p "$OUT"
 : >"$TMP/results.jsonl"
