@@ -104,6 +104,9 @@ fn hex(s: &str) -> Vec<u8> {
 
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/skip.rs"]
+mod skip;
+use skip::skipped;
 
 /// The in-process test harness; only its request-header helper is used here.
 mod common;
@@ -2987,11 +2990,11 @@ fn free_huge_pages() -> u64 {
 fn hugetlb_guest_memory_without_huge_pages_does_not_kill_the_daemon() {
     const HUGE: u64 = 2 << 20;
     if hugetlb_memfd(HUGE).is_none() {
-        eprintln!("skipped: no MFD_HUGETLB memfd here");
+        skipped("no MFD_HUGETLB memfd here");
         return;
     }
     if free_huge_pages() > 0 {
-        eprintln!("skipped: huge pages are free here, the memory is backed");
+        skipped("huge pages are free here, the memory is backed");
         return;
     }
     let mut failures = Vec::new();
@@ -3957,7 +3960,7 @@ fn a_frontend_holding_its_memfd_locked_cannot_wedge_the_daemon() {
     let mut daemon = Daemon::spawn(&[]);
     let mem = sealable_memfd(MEM_SIZE);
     let Some((uffd, writer)) = hold_inode_lock(&mem) else {
-        eprintln!("skipped: no userfaultfd here");
+        skipped("no userfaultfd here");
         return;
     };
     let c = Conn::negotiated(&daemon.sock);
@@ -4123,7 +4126,7 @@ fn reserved_huge_pages() -> u64 {
 fn hugetlb_reservation_mapping_of_an_unaligned_size_is_not_left_behind() {
     const HUGE: u64 = 2 << 20;
     if hugetlb_memfd(HUGE).is_none() || free_huge_pages() < 2 {
-        eprintln!("skipped: needs an MFD_HUGETLB memfd and two free huge pages");
+        skipped("needs an MFD_HUGETLB memfd and two free huge pages");
         return;
     }
     let mut daemon = Daemon::spawn(&[]);
@@ -4222,7 +4225,7 @@ fn memory_checks_left_behind_do_not_pile_up_descriptors() {
     let mut daemon = Daemon::spawn(&[]);
     let mem = sealable_memfd(MEM_SIZE);
     let Some((uffd, writer)) = hold_inode_lock(&mem) else {
-        eprintln!("skipped: no userfaultfd here");
+        skipped("no userfaultfd here");
         return;
     };
     let base = daemon.idle_snapshot();
@@ -4355,7 +4358,7 @@ fn exit_status_3_finishes_while_a_memory_check_waits_on_the_frontends_lock() {
     let mut daemon = Daemon::spawn(&[]);
     let mem = sealable_memfd(MEM_SIZE);
     let Some((uffd, writer)) = hold_inode_lock(&mem) else {
-        eprintln!("skipped: no userfaultfd here");
+        skipped("no userfaultfd here");
         return;
     };
     // 1. One memory table whose checks time out (one vuc-memcheck left).
@@ -4612,12 +4615,12 @@ impl Drop for FuseMem {
 fn a_frontend_that_never_answers_the_helpers_flush_cannot_wedge_the_daemon() {
     // SAFETY: geteuid(2) has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: mounting FUSE needs root here");
+        skipped("mounting FUSE needs root here");
         return;
     }
     let mut daemon = Daemon::spawn(&[]);
     let Some(fuse) = FuseMem::mount(daemon.pid()) else {
-        eprintln!("skipped: no FUSE here");
+        skipped("no FUSE here");
         return;
     };
     let mem = std::fs::OpenOptions::new()

@@ -24,6 +24,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+#[path = "common/skip.rs"]
+mod skip;
+use skip::skipped;
+
 /// QEMU's own time limit inside run-guest.sh (a passing run takes ~10 s).
 const GUEST_TIMEOUT_SECS: u64 = 150;
 /// Our own limit around run-guest.sh, in case the script itself hangs.
@@ -345,7 +349,7 @@ fn e2e(qemu: Qemu) {
         if required() {
             panic!("{msg}\nVUC_REQUIRE_QEMU=1 is set, so this is a failure");
         }
-        say(&format!("skipped: {msg}"));
+        skipped(&msg);
         return;
     }
     warn_if_image_stale();

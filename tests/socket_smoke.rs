@@ -24,7 +24,10 @@ fn hex(s: &str) -> Vec<u8> {
 
 #[path = "common/daemon.rs"]
 mod daemon;
+#[path = "common/skip.rs"]
+mod skip;
 use daemon::spawn_daemon;
+use skip::skipped;
 
 fn config(abi: SessionAbi, mode: DescMode) -> FrontendConfig {
     FrontendConfig {
@@ -281,7 +284,7 @@ fn without_proc_the_daemon_stops_at_start_up() {
         .args(["-m", "--propagation", "private", "true"])
         .output();
     if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("unshare -m is not allowed here: test skipped");
+        skipped("unshare -m is not allowed here");
         return;
     }
     let out = std::process::Command::new("unshare")
