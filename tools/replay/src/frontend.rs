@@ -780,7 +780,7 @@ impl CryptoFrontend {
             let n = fe.get_queue_num().map_err(v("GET_QUEUE_NUM"))?;
             if n < u64::from(cfg.queues) {
                 return Err(Error::Options(format!(
-                    "--queues {}: the backend has {n} queues",
+                    "--queues {}: the backend offers {n} (GET_QUEUE_NUM)",
                     cfg.queues
                 )));
             }

@@ -205,7 +205,8 @@ struct RunArgs {
     timeout: u64,
     /// Differential mode: also replay the trace against DPDK 22.11's
     /// vhost_crypto at this socket (driven as with --dpdk) and compare every
-    /// request's status, used length, dst and hash result byte for byte.
+    /// request's status, dst and hash result byte for byte (used lengths
+    /// are compared and reported apart: DPDK's differ on failed verifies).
     #[arg(long, value_name = "SOCKET", conflicts_with = "dpdk")]
     dpdk_diff: Option<PathBuf>,
 }

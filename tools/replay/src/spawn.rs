@@ -21,17 +21,17 @@ impl SpawnedDaemon {
     /// # Errors
     /// The binary is missing, exits, or does not listen within 10 s.
     pub fn start(bin: Option<&Path>, queues: u16) -> io::Result<Self> {
-        let bin = match bin {
-            Some(b) => b.to_path_buf(),
-            None => std::env::current_exe()?.with_file_name("vhost-user-crypto"),
+        let (bin, hint) = match bin {
+            Some(b) => (b.to_path_buf(), "(--daemon-bin)"),
+            None => (
+                std::env::current_exe()?.with_file_name("vhost-user-crypto"),
+                "(build it, or pass --daemon-bin)",
+            ),
         };
         if !bin.exists() {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!(
-                    "daemon binary {} not found (build it, or pass --daemon-bin)",
-                    bin.display()
-                ),
+                format!("daemon binary {} not found {hint}", bin.display()),
             ));
         }
         let dir = tempfile::Builder::new()

@@ -50,7 +50,10 @@ fn main() {
     let mut cpus = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--rounds" {
+        if a == "-h" || a == "--help" {
+            println!("usage: vuc-xcpu-rtt [--rounds N] CPU_A CPU_B\nprints the round trip of one cache line between CPU_A and CPU_B, in ns");
+            return;
+        } else if a == "--rounds" {
             let v = args.next().unwrap_or_else(|| usage("--rounds needs a value"));
             rounds = v
                 .parse()
