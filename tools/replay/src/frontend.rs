@@ -201,6 +201,10 @@ pub const DESCS_PER_REQUEST: u16 = 6;
 pub const REAP_POLL: Duration = Duration::from_micros(50);
 /// Bytes of a slot's hash-result area (digests of chained requests).
 pub const DIGEST_AREA: usize = 64;
+
+/// [`Used::slot`] of a used element whose id names no request in flight
+/// (slots are below the queue size, at most 32,768).
+pub const NO_SLOT: u16 = u16::MAX;
 /// Most descriptors of a raw request's indirect table.
 pub const MAX_RAW_DESCS: usize = 16;
 const SLOT_ALIGN: usize = 64;
@@ -232,6 +236,10 @@ pub struct DriverQueue {
     /// Per slot: a request is in flight there (a used element naming
     /// another slot frees no buffer set).
     in_flight_slot: Vec<bool>,
+    /// How many slots have a request in flight: what is still owed, not
+    /// the avail index minus the used index, which a backend that puts an
+    /// unknown or repeated id on the used ring would move.
+    outstanding: u16,
     /// The (iv_len, len, digest_len, in_place) whose descriptors each
     /// buffer set holds, so a set reused with the same shape is not
     /// rewritten.
@@ -279,7 +287,8 @@ pub struct RingGpa {
 /// A completed request.
 #[derive(Debug, Clone, Copy)]
 pub struct Used {
-    /// Slot (head descriptor) id.
+    /// The slot of the request the used element completed, or [`NO_SLOT`]
+    /// when its id is not the head of a request in flight.
     pub slot: u16,
     /// Used length.
     pub len: u32,
@@ -400,9 +409,41 @@ impl DriverQueue {
         self.avail_idx.wrapping_sub(self.kicked_idx)
     }
 
-    /// Requests in flight.
+    /// Requests in flight: submitted and not yet completed by a used
+    /// element that names their head.
     pub fn in_flight(&self) -> u16 {
-        self.avail_idx.wrapping_sub(self.last_used)
+        self.outstanding
+    }
+
+    /// Marks `slot` in flight.
+    fn take_slot(&mut self, slot: u16) {
+        let b = self.buf(slot);
+        self.busy[b] = true;
+        if let Some(f) = self.in_flight_slot.get_mut(usize::from(slot)) {
+            if !*f {
+                *f = true;
+                self.outstanding += 1;
+            }
+        }
+    }
+
+    /// The slot whose request has head descriptor `id`, if one is in
+    /// flight there: in indirect mode slot s has head s, in chain mode
+    /// head s * [`DESCS_PER_REQUEST`]. Any other id (another descriptor of
+    /// a chain, an index beyond the table, a request already completed)
+    /// names no request.
+    fn slot_of_head(&self, id: u32) -> Option<u16> {
+        let slot = match self.desc_mode {
+            DescMode::Indirect => id,
+            DescMode::Chain if id % u32::from(DESCS_PER_REQUEST) == 0 => id / u32::from(DESCS_PER_REQUEST),
+            DescMode::Chain => return None,
+        };
+        let slot = u16::try_from(slot).ok()?;
+        self.in_flight_slot
+            .get(usize::from(slot))
+            .copied()
+            .unwrap_or(false)
+            .then_some(slot)
     }
 
     /// The slot the next request must use (ring position modulo slots, so
@@ -503,8 +544,7 @@ impl DriverQueue {
                 base
             }
         };
-        self.busy[b] = true;
-        self.in_flight_slot[usize::from(slot)] = true;
+        self.take_slot(slot);
         let pos = u64::from(self.avail_idx % self.size);
         self.mem
             .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
@@ -598,22 +638,19 @@ impl DriverQueue {
             let pos = u64::from(self.last_used % self.size);
             let id = self.mem.read_u32(self.used + 4 + 8 * pos);
             let len = self.mem.read_u32(self.used + 8 + 8 * pos);
-            let slot = match self.desc_mode {
-                DescMode::Indirect => id as u16,
-                DescMode::Chain => (id / u32::from(DESCS_PER_REQUEST)) as u16,
-            };
             // A used id that names no request in flight (a backend bug the
-            // caller reports) must not free the set of one that is.
-            if self
-                .in_flight_slot
-                .get(usize::from(slot))
-                .copied()
-                .unwrap_or(false)
-            {
-                self.in_flight_slot[usize::from(slot)] = false;
-                let b = self.buf(slot);
-                self.busy[b] = false;
-            }
+            // caller reports) frees nothing and leaves what is owed as it
+            // was: the request it should have named times out.
+            let slot = match self.slot_of_head(id) {
+                Some(slot) => {
+                    self.in_flight_slot[usize::from(slot)] = false;
+                    self.outstanding -= 1;
+                    let b = self.buf(slot);
+                    self.busy[b] = false;
+                    slot
+                }
+                None => NO_SLOT,
+            };
             out.push(Used { slot, len, id });
             self.last_used = self.last_used.wrapping_add(1);
         }
@@ -678,8 +715,7 @@ impl DriverQueue {
             }
             base
         };
-        self.busy[b] = true;
-        self.in_flight_slot[usize::from(slot)] = true;
+        self.take_slot(slot);
         let pos = u64::from(self.avail_idx % self.size);
         self.mem.write_u16(self.avail + 4 + 2 * pos, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
@@ -850,6 +886,7 @@ impl CryptoFrontend {
                 nbufs,
                 busy: vec![false; usize::from(nbufs)],
                 in_flight_slot: vec![false; usize::from(nslots)],
+                outstanding: 0,
                 shape: vec![None; usize::from(nbufs)],
                 head_shape: vec![None; usize::from(nslots)],
                 desc_mode: cfg.desc_mode,

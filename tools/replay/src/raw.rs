@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use vhost_user_crypto::request::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vhost_user_crypto::wire::OpDataReq;
 
-use crate::frontend::{CryptoFrontend, Error, Used};
+use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
 use crate::replay::{DST_CANARY, STATUS_CANARY};
 use crate::trace::{hex, unhex, ExpectStatus};
 
@@ -297,6 +297,13 @@ pub fn run_raw(
         if q.in_flight() == 0 && !done.iter().any(|u| u.slot == slot) {
             break;
         }
+    }
+    for u in done.iter().filter(|u| u.slot == NO_SLOT) {
+        bad.push((
+            "used id".into(),
+            "the head of a request in flight".into(),
+            format!("{} (used length {})", u.id, u.len),
+        ));
     }
     let Some(u) = done.iter().find(|u| u.slot == slot) else {
         bad.push(("completion".into(), "used element".into(), "none".into()));

@@ -211,8 +211,8 @@ impl<'a> Run<'a> {
             self.mismatch(
                 0,
                 "used id",
-                "a request in flight".into(),
-                format!("slot {}", u.slot),
+                "the head of a request in flight".into(),
+                format!("{} (used length {})", u.id, u.len),
             );
             return;
         };

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! Does `replay()` notice a backend that gets the used ring or the buffers
+//! wrong? An in-process fake backend (vhost-user messages answered
+//! on one end of a socket pair; the rings served from the frontend's own
+//! guest memory) computes every output right with the tool's reference
+//! cipher and then commits exactly one kind of fault. An honest fake
+//! passes (control); every faulty one must make the run fail (mismatches
+//! > 0 or an error) and return within a bounded time.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use algorithms::Direction;
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
+use vhost_crypto_replay::guest_mem::GuestMem;
+use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
+use vhost_crypto_replay::trace::Trace;
+use vhost_user_crypto::session_msg::{create_reply, decode_create, SessionAbi};
+use vhost_user_crypto::wire::OpDataReq;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fault {
+    None,
+    /// Used id = head + n (n = 1: the chain's second descriptor).
+    IdPlus(u32),
+    /// The second request's used element names the first request again.
+    Dup,
+}
+
+type Sessions = Arc<Mutex<HashMap<u64, (Vec<u8>, Direction)>>>;
+
+/// Answers the vhost-user messages the frontend sends (fds are dropped).
+fn serve_messages(mut s: UnixStream, sessions: Sessions) {
+    let mut next_id = 1u64;
+    loop {
+        let mut h = [0u8; 12];
+        if s.read_exact(&mut h).is_err() {
+            return;
+        }
+        let req = u32::from_le_bytes(h[0..4].try_into().unwrap());
+        let size = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+        let mut p = vec![0u8; size];
+        if s.read_exact(&mut p).is_err() {
+            return;
+        }
+        let u64_reply = |s: &mut UnixStream, v: u64| {
+            let mut m = Vec::new();
+            m.extend_from_slice(&req.to_le_bytes());
+            m.extend_from_slice(&5u32.to_le_bytes());
+            m.extend_from_slice(&8u32.to_le_bytes());
+            m.extend_from_slice(&v.to_le_bytes());
+            s.write_all(&m).unwrap();
+        };
+        match req {
+            // GET_FEATURES: PROTOCOL_FEATURES | VERSION_1 | INDIRECT_DESC.
+            1 => u64_reply(&mut s, (1 << 30) | (1 << 32) | (1 << 28)),
+            15 => u64_reply(&mut s, VhostUserProtocolFeatures::CRYPTO_SESSION.bits()),
+            26 => {
+                let info = decode_create(&p, SessionAbi::C).unwrap();
+                let dir = if info.direction == 1 {
+                    Direction::Encrypt
+                } else {
+                    Direction::Decrypt
+                };
+                let id = next_id;
+                next_id += 1;
+                sessions
+                    .lock()
+                    .unwrap()
+                    .insert(id, (info.cipher_key().unwrap().to_vec(), dir));
+                s.write_all(&create_reply(&p, Some(SessionAbi::C), id as i64))
+                    .unwrap();
+            }
+            _ => {}
+        }
+    }
+}
+
+fn rd_u64(m: &GuestMem, a: u64) -> u64 {
+    let mut b = [0u8; 8];
+    m.read(a, &mut b);
+    u64::from_le_bytes(b)
+}
+
+/// Serves one split ring until `stop`: every request is computed right,
+/// then `fault` is applied.
+#[allow(clippy::too_many_arguments)]
+fn serve_ring(
+    mem: Arc<GuestMem>,
+    size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    sessions: Sessions,
+    fault: Fault,
+    stop: Arc<AtomicBool>,
+) {
+    let (mut next_avail, mut next_used, mut n) = (0u16, 0u16, 0u64);
+    let mut first_head = None;
+    while !stop.load(Ordering::Relaxed) {
+        if mem.load_u16_acquire(avail + 2) == next_avail {
+            std::thread::yield_now();
+            continue;
+        }
+        let head = mem.load_u16_acquire(avail + 4 + 2 * u64::from(next_avail % size));
+        next_avail = next_avail.wrapping_add(1);
+        // Walk the chain (indirect or direct).
+        let d = |table: u64, i: u64| {
+            let a = table + 16 * i;
+            let mut f = [0u8; 4];
+            mem.read(a + 12, &mut f);
+            (
+                rd_u64(&mem, a),
+                mem.read_u32(a + 8),
+                u16::from_le_bytes([f[0], f[1]]),
+                u16::from_le_bytes([f[2], f[3]]),
+            )
+        };
+        let (mut table, mut i) = (desc, u64::from(head));
+        let h = d(desc, i);
+        if h.2 & 4 != 0 {
+            table = h.0;
+            i = 0;
+        }
+        let (mut rd, mut wr) = (Vec::new(), Vec::new());
+        loop {
+            let (addr, len, flags, next) = d(table, i);
+            if flags & 2 != 0 {
+                wr.push((addr, len as usize));
+            } else {
+                rd.push((addr, len as usize));
+            }
+            if flags & 1 == 0 {
+                break;
+            }
+            i = u64::from(next);
+        }
+        let mut stream = Vec::new();
+        for &(a, l) in &rd {
+            let mut b = vec![0u8; l];
+            mem.read(a, &mut b);
+            stream.extend_from_slice(&b);
+        }
+        let hdr = OpDataReq::from_bytes(stream[..72].try_into().unwrap());
+        let len = hdr.src_data_len as usize;
+        let iv: [u8; 16] = stream[72..88].try_into().unwrap();
+        let mut data = stream[88..88 + len].to_vec();
+        let (key, dir) = sessions.lock().unwrap()[&hdr.session_id].clone();
+        vhost_crypto_replay::reference::aes_cbc(dir, &key, &iv, &mut data).unwrap();
+        let (dst, _) = wr[0];
+        let (status, slen) = *wr.last().unwrap();
+        mem.write(dst, &data);
+        mem.write(status + slen as u64 - 1, &[0]);
+        let mut id = u32::from(head);
+        match fault {
+            Fault::IdPlus(k) => id += k,
+            Fault::Dup if n == 1 => id = first_head.unwrap(),
+            _ => {}
+        }
+        first_head.get_or_insert(u32::from(head));
+        n += 1;
+        let e = used + 4 + 8 * u64::from(next_used % size);
+        mem.write(e, &id.to_le_bytes());
+        mem.write(e + 4, &(len as u32 + 1).to_le_bytes());
+        next_used = next_used.wrapping_add(1);
+        mem.store_u16_release(used + 2, next_used);
+    }
+}
+
+const TRACE: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
+{"op":"create_session","name":"d","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"decrypt"}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":100,"seed":3}
+{"op":"generate","session":"d","opcode":"decrypt","size":64,"count":100,"seed":4}
+"#;
+
+/// Replays [`TRACE`] against a fake backend with `fault`; `None` if the
+/// replay did not return within 30 s.
+fn run(mode: DescMode, fault: Fault) -> Option<Report> {
+    run_repeated(mode, fault, 1)
+}
+
+/// [`run`] with the trace replayed `repeat` times.
+fn run_repeated(mode: DescMode, fault: Fault, repeat: u32) -> Option<Report> {
+    let t = Trace::parse(TRACE.as_bytes()).unwrap();
+    let cfg = FrontendConfig {
+        queues: 1,
+        queue_size: 64,
+        queue_depth: 8,
+        max_payload: 64,
+        max_iv: 16,
+        memory_bytes: 0,
+        session_abi: SessionAbi::C,
+        desc_mode: mode,
+        dpdk: false,
+    };
+    let (a, b) = UnixStream::pair().unwrap();
+    let sessions: Sessions = Arc::default();
+    let s2 = sessions.clone();
+    std::thread::spawn(move || serve_messages(b, s2));
+    let mut fe = CryptoFrontend::from_stream(a, &cfg).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let r = fe.queues[0].ring_addrs();
+    let (mem, st) = (fe.queues[0].mem_handle(), stop.clone());
+    std::thread::spawn(move || serve_ring(mem, r.size, r.desc, r.avail, r.used, sessions, fault, st));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let opts = ReplayOptions {
+            repeat,
+            queue_depth: 8,
+            timeout: Duration::from_secs(2),
+            progress: false,
+            record: false,
+        };
+        let _ = tx.send(replay(&mut fe, &t, &opts).unwrap());
+    });
+    let rep = rx.recv_timeout(Duration::from_secs(30)).ok();
+    stop.store(true, Ordering::Relaxed);
+    rep
+}
+
+fn assert_caught(mode: DescMode, fault: Fault) {
+    let r = run(mode, fault).unwrap_or_else(|| {
+        panic!("{mode:?} {fault:?}: replay() did not return within 30 s (its --timeout is 2 s)")
+    });
+    assert!(
+        r.mismatches > 0 || r.error.is_some(),
+        "{mode:?} {fault:?}: the run passed: {} requests, 0 mismatches",
+        r.requests
+    );
+}
+
+#[test]
+fn control_an_honest_fake_backend_passes() {
+    for mode in [DescMode::Indirect, DescMode::Chain] {
+        let r = run(mode, Fault::None).expect("returned");
+        assert_eq!(
+            (r.requests, r.mismatches),
+            (200, 0),
+            "{mode:?}: {:?}",
+            r.first_mismatches
+        );
+    }
+}
+
+#[test]
+fn used_id_naming_a_non_head_descriptor_is_caught() {
+    // Chain mode: requests use descriptors 6s..6s+4; id 6s+1 (or 6s+4,
+    // the chain's last descriptor) names no request. (try_reap used to map
+    // it to slot id / 6, and replay never compared `Used::id` with the
+    // head: the run passed.)
+    assert_caught(DescMode::Chain, Fault::IdPlus(1));
+    assert_caught(DescMode::Chain, Fault::IdPlus(4));
+}
+
+#[test]
+fn used_id_above_u16_is_caught() {
+    // Indirect mode: try_reap used to truncate the id to u16 (`id as u16`).
+    assert_caught(DescMode::Indirect, Fault::IdPlus(65536));
+}
+
+#[test]
+fn used_id_naming_an_idle_slot_ends_the_run() {
+    // A used id naming another (idle) slot, or the same request twice,
+    // leaves the real request's buffer set busy. in_flight() used to be
+    // the avail index minus the used index, which such an element moves:
+    // it dropped to 0, and requests() / drain() then spun without ever
+    // waiting, so the run neither timed out nor returned.
+    assert_caught(DescMode::Indirect, Fault::IdPlus(1));
+}
+
+#[test]
+fn request_completed_twice_ends_the_run() {
+    assert_caught(DescMode::Indirect, Fault::Dup);
+}
