@@ -28,6 +28,13 @@ enum Fault {
     None,
     /// Used id = head + n (n = 1: the chain's second descriptor).
     IdPlus(u32),
+    /// The device also writes zeros over the (device-readable) src.
+    ClobberSrc,
+    /// The same, from the n-th request on (past the replay tool's first
+    /// 4,096, whose src it always checks; it samples the rest).
+    ClobberSrcFrom(u64),
+    /// The device writes 16 bytes past the end of the dst descriptor.
+    OverrunDst,
     /// The second request's used element names the first request again.
     Dup,
 }
@@ -156,6 +163,12 @@ fn serve_ring(
         let (status, slen) = *wr.last().unwrap();
         mem.write(dst, &data);
         mem.write(status + slen as u64 - 1, &[0]);
+        match fault {
+            Fault::ClobberSrc => mem.fill(rd.last().unwrap().0, len, 0),
+            Fault::ClobberSrcFrom(k) if n >= k => mem.fill(rd.last().unwrap().0, len, 0),
+            Fault::OverrunDst => mem.fill(dst + len as u64, 16, 0xEE),
+            _ => {}
+        }
         let mut id = u32::from(head);
         match fault {
             Fault::IdPlus(k) => id += k,
@@ -264,6 +277,16 @@ fn used_id_above_u16_is_caught() {
 }
 
 #[test]
+fn device_write_to_readable_src_is_caught() {
+    assert_caught(DescMode::Indirect, Fault::ClobberSrc);
+}
+
+#[test]
+fn device_write_past_dst_descriptor_is_caught() {
+    assert_caught(DescMode::Indirect, Fault::OverrunDst);
+}
+
+#[test]
 fn used_id_naming_an_idle_slot_ends_the_run() {
     // A used id naming another (idle) slot, or the same request twice,
     // leaves the real request's buffer set busy. in_flight() used to be
@@ -276,4 +299,16 @@ fn used_id_naming_an_idle_slot_ends_the_run() {
 #[test]
 fn request_completed_twice_ends_the_run() {
     assert_caught(DescMode::Indirect, Fault::Dup);
+}
+
+#[test]
+fn device_write_to_readable_src_past_the_first_requests_is_caught() {
+    // 30 x 200 requests; src is zeroed from the 5,000th on, where the tool
+    // compares one src in 64.
+    let r = run_repeated(DescMode::Indirect, Fault::ClobberSrcFrom(5000), 30).expect("returned");
+    assert_eq!(r.requests, 6000);
+    assert!(r.mismatches > 0, "the run passed: 6000 requests, 0 mismatches");
+    // An honest run of the same length passes.
+    let r = run_repeated(DescMode::Indirect, Fault::None, 30).expect("returned");
+    assert_eq!((r.requests, r.mismatches), (6000, 0), "{:?}", r.first_mismatches);
 }

@@ -11,11 +11,34 @@ use serde::Serialize;
 use vhost_user_crypto::session_msg::SymSessionInfo;
 use vhost_user_crypto::wire::{AlgChainPara, OpDataReq};
 
-use crate::frontend::{CryptoFrontend, Error, Used, DIGEST_AREA};
+use crate::frontend::{CryptoFrontend, Error, SlotLayout, Used, DIGEST_AREA};
+use crate::guest_mem::GuestMem;
 use crate::trace::{hex, ChainSession, Dir, ExpectStatus, Req, Step, Trace};
 
 /// Canary written over every output buffer before a request is submitted.
 pub const DST_CANARY: u8 = 0xA5;
+
+/// The first this many requests of a run have their src compared with the
+/// trace after they complete (so every request of the shipped known-answer
+/// traces), and after them one in [`SRC_CHECK_EVERY`].
+pub const SRC_CHECK_ALL: u64 = 4096;
+
+/// One request in this many has its src compared with the trace after it
+/// completes, after the first [`SRC_CHECK_ALL`]. By then the src lines have
+/// usually left this CPU's caches for the backend's, and reading them all
+/// back for every request cost 10-40 % of the 256-byte throughput here (the
+/// sampled ones are prefetched with the request's output); a
+/// backend that writes device-readable buffers does so on a code path,
+/// which a sample finds as surely (the soak checker compares src on every
+/// request).
+pub const SRC_CHECK_EVERY: u64 = 64;
+
+/// Whether the request with sequence number `seq` in its run has its src
+/// checked ([`SRC_CHECK_ALL`], [`SRC_CHECK_EVERY`]).
+fn src_checked(seq: u64) -> bool {
+    seq < SRC_CHECK_ALL || seq % SRC_CHECK_EVERY == 0
+}
+
 /// Status byte value before completion.
 pub const STATUS_CANARY: u8 = 0xFF;
 
@@ -239,11 +262,61 @@ impl<'a> Run<'a> {
         let status = mem.read_u8(l.status);
         let before = self.report.mismatches;
         self.check_outcome(req, seq, u, status, dst, digest);
+        self.check_untouched(req, seq, mem, l, digest_len);
         let b = self.fe.queues[q].buf(u.slot);
         self.dst_known[q][b] = Some(sig).filter(|_| {
             req.dst.is_some() && self.report.mismatches == before && status == 0 && !req.in_place
         });
         self.mems = mems;
+    }
+
+    /// The device may write only the dst and hash result bytes and the
+    /// status byte: the IV (whose line follows dst, so a write past dst's
+    /// end lands there), the hash result area past `hash_result_len` and
+    /// the src it was given to read (unless the request is in place, where
+    /// src is dst) must hold what this tool put there. The IV and the hash
+    /// result area are checked on every request; src on each of the run's
+    /// first [`SRC_CHECK_ALL`] requests and then on every
+    /// [`SRC_CHECK_EVERY`]th.
+    fn check_untouched(&mut self, req: &Req, seq: u64, mem: &GuestMem, l: SlotLayout, digest_len: usize) {
+        if !req.in_place && src_checked(seq) && mem.view(l.src, req.src.len()) != req.src.as_slice() {
+            self.mismatch(
+                req.line,
+                "src (device-readable)",
+                "unchanged".into(),
+                "written".into(),
+            );
+        }
+        let iv = mem.view(l.iv, req.iv.len());
+        // (16 bytes compared inline, not through a call to memcmp.)
+        let same = match (
+            <&[u8; 16]>::try_from(iv),
+            <&[u8; 16]>::try_from(req.iv.as_slice()),
+        ) {
+            (Ok(a), Ok(b)) => u128::from_ne_bytes(*a) == u128::from_ne_bytes(*b),
+            _ => iv == req.iv.as_slice(),
+        };
+        if !same {
+            self.mismatch(
+                req.line,
+                "IV (device-readable, right after dst)",
+                hex(&req.iv),
+                hex(mem.view(l.iv, req.iv.len())),
+            );
+        }
+        if let Some(c) = &req.chain {
+            let area = mem.view(l.digest, DIGEST_AREA);
+            let past = digest_len.min(DIGEST_AREA);
+            let put = |i: usize| c.digest_in.get(i).copied().unwrap_or(DST_CANARY);
+            if (past..DIGEST_AREA).any(|i| area[i] != put(i)) {
+                self.mismatch(
+                    req.line,
+                    &format!("hash result area past hash_result_len {digest_len}"),
+                    "untouched".into(),
+                    "written".into(),
+                );
+            }
+        }
     }
 
     fn check_outcome(&mut self, req: &Req, seq: u64, u: Used, status: u8, dst: &[u8], digest: &[u8]) {
@@ -320,13 +393,17 @@ impl<'a> Run<'a> {
     /// Starts loading what checking completion `u` reads: its output and
     /// status (written by the backend's CPU) and the expected output.
     fn prefetch(&self, q: usize, u: Used) {
-        let Some(Some((req, _, _, _))) = self.inflight[q].get(usize::from(u.slot)) else {
+        let Some(Some((req, _, seq, _))) = self.inflight[q].get(usize::from(u.slot)) else {
             return;
         };
         let l = self.fe.queues[q].layout(u.slot);
         let mem = &self.mems[q];
         mem.prefetch(if req.in_place { l.src } else { l.dst }, req.src.len());
         mem.prefetch(l.status, 1);
+        if src_checked(*seq) && !req.in_place {
+            mem.prefetch(l.src, req.src.len());
+            crate::guest_mem::prefetch(&req.src);
+        }
         if let Some(want) = &req.dst {
             crate::guest_mem::prefetch(want);
         }
