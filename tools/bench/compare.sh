@@ -18,7 +18,7 @@
 # guest driver sends them, at depths 32 and 256, with the same commands.
 #
 # Sizes 64 256 1024 2048 4096 16384, queue depths 1 32 256 (--quick: sizes
-# 256 2048 16384, depths 1 256, shorter runs). Backend CPU seconds are
+# 256 2048 16384, depths 1 32 256, shorter runs). Backend CPU seconds are
 # utime+stime of the backend process from /proc/PID/stat before and after
 # each replay run (10 ms resolution; the span includes the replay tool's
 # connect and trace expansion, for which DPDK's polling worker burns CPU and
@@ -82,7 +82,7 @@ REPLAY_CPU=0
 KEY=2b7e151628aed2a6abf7158809cf4f3c
 if [ "$QUICK" = 1 ]; then
     SIZES=(256 2048 16384)
-    DEPTHS=(1 256)
+    DEPTHS=(1 32 256)   # 32: the 16 KiB target's depth
     SCALE=8          # divide request counts by this
     RAW_SECONDS=1
     CRIT_SECONDS=0.5
