@@ -251,12 +251,17 @@ replay_run() {
     fi
 }
 
-# Commands this script runs besides cargo, and the Debian packages that
-# have them (taskset and getconf come with every Debian system); missing
-# ones are installed with apt-get (through sudo when not root).
+# Commands this script runs besides cargo and the Debian packages that
+# have them, and what the engines bench links (openssl-sys, a
+# dev-dependency: libssl-dev, pkg-config); missing ones are installed with
+# apt-get (through sudo when not root). (taskset and getconf come with
+# every Debian system.)
 need_pkgs=()
-for cp in jq:jq openssl:openssl python3:python3 taskset:util-linux getconf:libc-bin; do
+for cp in jq:jq openssl:openssl python3:python3; do
     command -v "${cp%%:*}" >/dev/null 2>&1 || need_pkgs+=("${cp#*:}")
+done
+for p in libssl-dev pkg-config; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_pkgs+=("$p")
 done
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
     command -v apt-get >/dev/null 2>&1 || { echo "compare.sh: install ${need_pkgs[*]} first" >&2; exit 1; }
