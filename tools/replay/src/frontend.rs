@@ -578,7 +578,10 @@ impl DriverQueue {
     }
 
     /// Collects completed requests into `out`; waits up to `timeout` for
-    /// at least one when none is ready, on the call eventfd. In DPDK mode
+    /// at least one when none is ready, on the call eventfd. Used elements
+    /// that name no request in flight ([`NO_SLOT`]) go into `out` too, but
+    /// do not count as a completion: a backend that keeps putting them on
+    /// the ring and never completes what is owed still times out. In DPDK mode
     /// the used ring is also re-read every millisecond: the 22.11 example
     /// signals the call eventfd after each completion burst, but not when
     /// started with `--guest-polling`.
@@ -589,9 +592,11 @@ impl DriverQueue {
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
         let start = std::time::Instant::now();
         let mut spins: u32 = 0;
+        let first = out.len();
+        let completed = |out: &Vec<Used>| out[first..].iter().any(|u| u.slot != NO_SLOT);
         loop {
             self.try_reap(out);
-            if !out.is_empty() || self.in_flight() == 0 {
+            if completed(out) || self.in_flight() == 0 {
                 return Ok(());
             }
             // Busy-poll the used ring for a while before sleeping (as a
@@ -609,7 +614,7 @@ impl DriverQueue {
                 .store_u16_release(self.avail + 4 + 2 * u64::from(self.size), self.last_used);
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             self.try_reap(out);
-            if !out.is_empty() {
+            if completed(out) {
                 return Ok(());
             }
             if start.elapsed() > timeout {

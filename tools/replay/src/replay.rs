@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::{AlgChainPara, OpDataReq};
+use vhost_user_crypto::wire::{AlgChainPara, OpDataReq, OP_DATA_REQ_SIZE};
 
 use crate::frontend::{CryptoFrontend, Error, SlotLayout, Used, DIGEST_AREA};
 use crate::guest_mem::GuestMem;
@@ -32,11 +32,70 @@ pub const SRC_CHECK_ALL: u64 = 4096;
 /// which a sample finds as surely (the soak checker compares src on every
 /// request).
 pub const SRC_CHECK_EVERY: u64 = 64;
+const _: () = assert!(SRC_CHECK_EVERY.is_power_of_two());
 
 /// Whether the request with sequence number `seq` in its run has its src
-/// checked ([`SRC_CHECK_ALL`], [`SRC_CHECK_EVERY`]).
+/// checked ([`SRC_CHECK_ALL`], [`SRC_CHECK_EVERY`]). The sample is a hash
+/// of `seq`, not `seq % SRC_CHECK_EVERY`: requests go to the queues round
+/// robin, so a multiple of the queue count would always pick queue 0 (and
+/// a trace repeating with a period that divides it, the same requests).
 fn src_checked(seq: u64) -> bool {
-    seq < SRC_CHECK_ALL || seq % SRC_CHECK_EVERY == 0
+    // Fibonacci hashing: the top bits of seq * 2^64 / phi.
+    seq < SRC_CHECK_ALL
+        || seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SRC_CHECK_EVERY.trailing_zeros()) == 0
+}
+
+/// Bytes of canary put right after a request's output where they are not
+/// another field of the slot (see [`dst_guard`]), and checked afterwards.
+pub const GUARD_LEN: usize = 16;
+
+/// Where the guard after a request's output goes, if anywhere: after dst
+/// when the request is shorter than the slot's dst area (a full-length
+/// dst is followed by the IV, which is checked anyway), or after src for
+/// an in-place request (the dst area is then unused).
+fn dst_guard(l: SlotLayout, req: &Req) -> Option<u64> {
+    let len = req.src.len() as u64;
+    if req.in_place {
+        return Some(l.src + len);
+    }
+    let area = l.dst - l.src;
+    (len + GUARD_LEN as u64 <= area).then_some(l.dst + len)
+}
+
+/// The status byte's canary and the bytes after it up to `STATUS_AREA`
+/// (checked afterwards: the device writes one byte). Written as one piece
+/// where the slot has room before its descriptor table.
+const STATUS_AREA: usize = 8;
+const STATUS_AREA_PUT: [u8; STATUS_AREA] = [STATUS_CANARY, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A];
+
+/// The request header (`virtio_crypto_op_data_req`) this tool puts in
+/// front of `req`, for session `sid`.
+fn request_header(req: &Req, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
+    let mut hdr = OpDataReq {
+        opcode: match req.opcode {
+            Dir::Encrypt => 0,
+            Dir::Decrypt => 1,
+        },
+        algo: 0,
+        session_id: sid,
+        op_type: if req.chain.is_some() { 2 } else { 1 },
+        iv_len: req.iv.len() as u32,
+        src_data_len: req.src.len() as u32,
+        dst_data_len: req.src.len() as u32,
+    }
+    .to_bytes();
+    if let Some(c) = &req.chain {
+        AlgChainPara {
+            cipher_start_src_offset: c.cipher_offset,
+            len_to_cipher: c.cipher_len,
+            hash_start_src_offset: c.hash_offset,
+            len_to_hash: c.hash_len,
+            aad_len: 0,
+            hash_result_len: c.digest_len,
+        }
+        .write_to(&mut hdr);
+    }
+    hdr
 }
 
 /// Status byte value before completion.
@@ -259,11 +318,24 @@ impl<'a> Run<'a> {
         let mut digest = [0u8; DIGEST_AREA];
         let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
         mem.read(l.digest, digest);
-        let status = mem.read_u8(l.status);
+        // The status byte and, where the slot has room, the bytes after it
+        // that must stay as this tool put them: one 8-byte load.
+        let room = l.status + STATUS_AREA as u64 <= l.table;
+        let (status, after_status_ok) = match <[u8; STATUS_AREA]>::try_from(if room {
+            mem.view(l.status, STATUS_AREA)
+        } else {
+            &[]
+        }) {
+            Ok(w) => {
+                let w = u64::from_le_bytes(w);
+                (w as u8, w >> 8 == u64::from_le_bytes(STATUS_AREA_PUT) >> 8)
+            }
+            Err(_) => (mem.read_u8(l.status), true),
+        };
         let before = self.report.mismatches;
         self.check_outcome(req, seq, u, status, dst, digest);
-        self.check_untouched(req, seq, mem, l, digest_len);
         let b = self.fe.queues[q].buf(u.slot);
+        self.check_untouched(req, seq, mem, l, digest_len, after_status_ok);
         self.dst_known[q][b] = Some(sig).filter(|_| {
             req.dst.is_some() && self.report.mismatches == before && status == 0 && !req.in_place
         });
@@ -278,14 +350,50 @@ impl<'a> Run<'a> {
     /// result area are checked on every request; src on each of the run's
     /// first [`SRC_CHECK_ALL`] requests and then on every
     /// [`SRC_CHECK_EVERY`]th.
-    fn check_untouched(&mut self, req: &Req, seq: u64, mem: &GuestMem, l: SlotLayout, digest_len: usize) {
-        if !req.in_place && src_checked(seq) && mem.view(l.src, req.src.len()) != req.src.as_slice() {
-            self.mismatch(
-                req.line,
-                "src (device-readable)",
-                "unchanged".into(),
-                "written".into(),
-            );
+    fn check_untouched(
+        &mut self,
+        req: &Req,
+        seq: u64,
+        mem: &GuestMem,
+        l: SlotLayout,
+        digest_len: usize,
+        after_status_ok: bool,
+    ) {
+        if src_checked(seq) {
+            if !req.in_place && mem.view(l.src, req.src.len()) != req.src.as_slice() {
+                self.mismatch(
+                    req.line,
+                    "src (device-readable)",
+                    "unchanged".into(),
+                    "written".into(),
+                );
+            }
+            // The header as it was put there (the session names' ids do
+            // not change inside a run of requests).
+            let sid = match (&req.session, req.session_id) {
+                (_, Some(id)) => id,
+                (Some(name), None) => self.ids.get(name).copied().unwrap_or(0) as u64,
+                (None, None) => 0,
+            };
+            let want = request_header(req, sid);
+            if mem.view(l.hdr, OP_DATA_REQ_SIZE) != want.as_slice() {
+                self.mismatch(
+                    req.line,
+                    "request header (device-readable)",
+                    hex(&want),
+                    hex(mem.view(l.hdr, OP_DATA_REQ_SIZE)),
+                );
+            }
+        }
+        if let Some(g) = dst_guard(l, req) {
+            if mem.view(g, GUARD_LEN).iter().any(|&x| x != DST_CANARY) {
+                self.mismatch(
+                    req.line,
+                    &format!("the {GUARD_LEN} bytes after dst (not the request's)"),
+                    "untouched".into(),
+                    "written".into(),
+                );
+            }
         }
         let iv = mem.view(l.iv, req.iv.len());
         // (16 bytes compared inline, not through a call to memcmp.)
@@ -302,6 +410,14 @@ impl<'a> Run<'a> {
                 "IV (device-readable, right after dst)",
                 hex(&req.iv),
                 hex(mem.view(l.iv, req.iv.len())),
+            );
+        }
+        if !after_status_ok {
+            self.mismatch(
+                req.line,
+                &format!("the {} bytes after the status byte", STATUS_AREA - 1),
+                "untouched".into(),
+                "written".into(),
             );
         }
         if let Some(c) = &req.chain {
@@ -400,9 +516,12 @@ impl<'a> Run<'a> {
         let mem = &self.mems[q];
         mem.prefetch(if req.in_place { l.src } else { l.dst }, req.src.len());
         mem.prefetch(l.status, 1);
-        if src_checked(*seq) && !req.in_place {
-            mem.prefetch(l.src, req.src.len());
-            crate::guest_mem::prefetch(&req.src);
+        if src_checked(*seq) {
+            mem.prefetch(l.hdr, OP_DATA_REQ_SIZE);
+            if !req.in_place {
+                mem.prefetch(l.src, req.src.len());
+                crate::guest_mem::prefetch(&req.src);
+            }
         }
         if let Some(want) = &req.dst {
             crate::guest_mem::prefetch(want);
@@ -492,30 +611,7 @@ impl<'a> Run<'a> {
                 },
                 (None, None) => 0,
             };
-            let mut hdr = OpDataReq {
-                opcode: match req.opcode {
-                    Dir::Encrypt => 0,
-                    Dir::Decrypt => 1,
-                },
-                algo: 0,
-                session_id: sid,
-                op_type: if req.chain.is_some() { 2 } else { 1 },
-                iv_len: req.iv.len() as u32,
-                src_data_len: req.src.len() as u32,
-                dst_data_len: req.src.len() as u32,
-            }
-            .to_bytes();
-            if let Some(c) = &req.chain {
-                AlgChainPara {
-                    cipher_start_src_offset: c.cipher_offset,
-                    len_to_cipher: c.cipher_len,
-                    hash_start_src_offset: c.hash_offset,
-                    len_to_hash: c.hash_len,
-                    aad_len: 0,
-                    hash_result_len: c.digest_len,
-                }
-                .write_to(&mut hdr);
-            }
+            let hdr = request_header(req, sid);
             let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len);
             let dq = &mut self.fe.queues[q];
             let l = dq.layout(slot);
@@ -523,6 +619,9 @@ impl<'a> Run<'a> {
             mem.write_if_changed(l.hdr, &hdr);
             mem.write(l.iv, &req.iv);
             mem.write(l.src, &req.src);
+            if let Some(g) = dst_guard(l, req) {
+                mem.fill(g, GUARD_LEN, DST_CANARY);
+            }
             if !req.in_place {
                 let n = req.src.len();
                 match req.dst.as_ref().filter(|_| req.status == ExpectStatus::Ok) {
@@ -548,7 +647,11 @@ impl<'a> Run<'a> {
                 mem.write(l.digest, &c.digest_in[..n]);
                 mem.fill(l.digest + n as u64, DIGEST_AREA - n, DST_CANARY);
             }
-            mem.write(l.status, &[STATUS_CANARY]);
+            if l.status + STATUS_AREA as u64 <= l.table {
+                mem.write(l.status, &STATUS_AREA_PUT);
+            } else {
+                mem.write(l.status, &[STATUS_CANARY]);
+            }
             dq.submit_request(
                 slot,
                 req.iv.len() as u32,
@@ -670,6 +773,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         .iter()
         .map(|q| vec![None; usize::from(q.buffer_sets())])
         .collect();
+
     let mut run = Run {
         fe,
         opts,
