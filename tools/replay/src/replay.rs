@@ -18,12 +18,13 @@ use crate::trace::{hex, ChainSession, Dir, ExpectStatus, Req, Step, Trace};
 /// Canary written over every output buffer before a request is submitted.
 pub const DST_CANARY: u8 = 0xA5;
 
-/// The first this many requests of a run have their src compared with the
-/// trace after they complete (so every request of the shipped known-answer
-/// traces), and after them one in [`SRC_CHECK_EVERY`].
+/// The first this many requests of a run have their src and request header
+/// compared with what this tool put there after they complete (so every
+/// request of the shipped known-answer traces), and after them one in
+/// [`SRC_CHECK_EVERY`].
 pub const SRC_CHECK_ALL: u64 = 4096;
 
-/// One request in this many has its src compared with the trace after it
+/// One request in this many has its src and header compared after it
 /// completes, after the first [`SRC_CHECK_ALL`]. By then the src lines have
 /// usually left this CPU's caches for the backend's, and reading them all
 /// back for every request cost 10-40 % of the 256-byte throughput here (the
@@ -46,7 +47,7 @@ fn src_checked(seq: u64) -> bool {
 }
 
 /// Bytes of canary put right after a request's output where they are not
-/// another field of the slot (see [`dst_guard`]), and checked afterwards.
+/// another field of the slot (see `dst_guard`), and checked afterwards.
 pub const GUARD_LEN: usize = 16;
 
 /// Where the guard after a request's output goes, if anywhere: after dst
@@ -343,13 +344,15 @@ impl<'a> Run<'a> {
     }
 
     /// The device may write only the dst and hash result bytes and the
-    /// status byte: the IV (whose line follows dst, so a write past dst's
-    /// end lands there), the hash result area past `hash_result_len` and
-    /// the src it was given to read (unless the request is in place, where
-    /// src is dst) must hold what this tool put there. The IV and the hash
-    /// result area are checked on every request; src on each of the run's
-    /// first [`SRC_CHECK_ALL`] requests and then on every
-    /// [`SRC_CHECK_EVERY`]th.
+    /// status byte; everything else of the slot that this tool put there
+    /// must be as it was. On every request: the IV (whose line follows a
+    /// full-length dst, so a write past dst's end lands there), the guard
+    /// after a shorter dst or an in-place src ([`dst_guard`]), the bytes
+    /// after the status byte (`after_status_ok`, read with the status) and
+    /// the hash result area past `hash_result_len`. On each of the run's
+    /// first [`SRC_CHECK_ALL`] requests and then on one in
+    /// [`SRC_CHECK_EVERY`] ([`src_checked`]): the request header and src
+    /// (unless the request is in place, where src is dst).
     fn check_untouched(
         &mut self,
         req: &Req,
@@ -407,7 +410,7 @@ impl<'a> Run<'a> {
         if !same {
             self.mismatch(
                 req.line,
-                "IV (device-readable, right after dst)",
+                "IV (device-readable)",
                 hex(&req.iv),
                 hex(mem.view(l.iv, req.iv.len())),
             );
@@ -773,7 +776,6 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         .iter()
         .map(|q| vec![None; usize::from(q.buffer_sets())])
         .collect();
-
     let mut run = Run {
         fe,
         opts,
