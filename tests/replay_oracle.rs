@@ -21,7 +21,9 @@ use vhost_crypto_replay::guest_mem::GuestMem;
 use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
 use vhost_crypto_replay::trace::Trace;
 use vhost_user_crypto::session_msg::{create_reply, decode_create, SessionAbi};
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::wire::{
+    AlgChainPara, OpDataReq, VIRTIO_CRYPTO_MAC_HMAC_SHA1, VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING,
+};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Fault {
@@ -35,6 +37,9 @@ enum Fault {
     ClobberSrcFrom(u64),
     /// The device writes 16 bytes past the end of the dst descriptor.
     OverrunDst,
+    /// A chained request's whole MAC output goes into the hash result
+    /// buffer, past hash_result_len.
+    DigestOverrun,
     /// The second request's used element names the first request again.
     Dup,
     /// The device also zeroes the (device-readable) 72-byte request header.
@@ -48,7 +53,8 @@ enum Fault {
     WideStatus,
 }
 
-type Sessions = Arc<Mutex<HashMap<u64, (Vec<u8>, Direction)>>>;
+/// Session id -> (cipher key, direction, HMAC-SHA1 key of a chained session).
+type Sessions = Arc<Mutex<HashMap<u64, (Vec<u8>, Direction, Option<Vec<u8>>)>>>;
 
 /// Answers the vhost-user messages the frontend sends (fds are dropped).
 fn serve_messages(mut s: UnixStream, sessions: Sessions) {
@@ -90,10 +96,15 @@ fn serve_messages(mut s: UnixStream, sessions: Sessions) {
                 };
                 let id = next_id;
                 next_id += 1;
+                // A chained session: only HMAC-SHA1 here.
+                let mac = (u32::from(info.op_type) == VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING).then(|| {
+                    assert_eq!(info.hash_alg, VIRTIO_CRYPTO_MAC_HMAC_SHA1);
+                    info.auth_key[..info.auth_key_len as usize].to_vec()
+                });
                 sessions
                     .lock()
                     .unwrap()
-                    .insert(id, (info.cipher_key().unwrap().to_vec(), dir));
+                    .insert(id, (info.cipher_key().unwrap().to_vec(), dir, mac));
                 s.write_all(&create_reply(&p, Some(SessionAbi::C), id as i64))
                     .unwrap();
             }
@@ -181,10 +192,33 @@ fn serve_ring(
         let len = hdr.src_data_len as usize;
         let iv: [u8; 16] = stream[72..88].try_into().unwrap();
         let mut data = stream[88..88 + len].to_vec();
-        let (key, dir) = sessions.lock().unwrap()[&hdr.session_id].clone();
-        vhost_crypto_replay::reference::aes_cbc(dir, &key, &iv, &mut data).unwrap();
+        let (key, dir, mac) = sessions.lock().unwrap()[&hdr.session_id].clone();
         let (dst, _) = wr[0];
         let (status, slen) = *wr.last().unwrap();
+        // Used length: dst, the hash result (chained), the status byte.
+        let mut used_len = len as u32 + 1;
+        if let Some(mac_key) = mac {
+            // Encrypt then MAC (the only chained kind here), with OpenSSL:
+            // the cipher over its range of src, the MAC over its range of
+            // the output, the digest truncated into the hash result buffer.
+            assert_eq!(dir, Direction::Encrypt);
+            let c = AlgChainPara::from_bytes(stream[..72].try_into().unwrap());
+            let (co, cl) = (c.cipher_start_src_offset as usize, c.len_to_cipher as usize);
+            vhost_crypto_replay::reference::aes_cbc(dir, &key, &iv, &mut data[co..co + cl]).unwrap();
+            let (ho, hl) = (c.hash_start_src_offset as usize, c.len_to_hash as usize);
+            let pkey = openssl::pkey::PKey::hmac(&mac_key).unwrap();
+            let mut signer = openssl::sign::Signer::new(openssl::hash::MessageDigest::sha1(), &pkey).unwrap();
+            signer.update(&data[ho..ho + hl]).unwrap();
+            let digest = signer.sign_to_vec().unwrap();
+            mem.write(wr[1].0, &digest[..c.hash_result_len as usize]);
+            used_len += c.hash_result_len;
+            if fault == Fault::DigestOverrun {
+                // The whole 20-byte SHA-1 output, not hash_result_len bytes.
+                mem.write(wr[1].0, &digest);
+            }
+        } else {
+            vhost_crypto_replay::reference::aes_cbc(dir, &key, &iv, &mut data).unwrap();
+        }
         mem.write(dst, &data);
         mem.write(status + slen as u64 - 1, &[0]);
         match fault {
@@ -212,8 +246,8 @@ fn serve_ring(
         n += 1;
         let e = used + 4 + 8 * u64::from(next_used % size);
         mem.write(e, &id.to_le_bytes());
-        mem.write(e + 4, &(len as u32 + 1).to_le_bytes());
-        last = (id, len as u32 + 1);
+        mem.write(e + 4, &used_len.to_le_bytes());
+        last = (id, used_len);
         next_used = next_used.wrapping_add(1);
         mem.store_u16_release(used + 2, next_used);
     }
@@ -447,4 +481,36 @@ fn src_written_on_the_second_queue_is_caught() {
 fn device_write_past_the_status_byte_is_caught() {
     assert_caught(DescMode::Indirect, Fault::WideStatus);
     assert_caught(DescMode::Chain, Fault::WideStatus);
+}
+
+const TRACE_CHAINED: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt","mac":"hmac-sha1","auth_key":"0102030405060708090a0b0c0d0e0f1011121314","digest_len":12}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":100,"seed":5,"in_place":true}
+{"op":"generate","session":"e","opcode":"encrypt","size":48,"count":100,"seed":6,"in_place":true}
+"#;
+
+#[test]
+fn device_write_past_hash_result_len_is_caught() {
+    // Encrypt-then-MAC requests in place (as DPDK's guest driver sends
+    // them), digests truncated to 12 bytes; the fake computes the MAC with
+    // OpenSSL, the tool's expectations come from RustCrypto.
+    let r = run_with(TRACE_CHAINED, 64, DescMode::Indirect, &[Fault::None], 1).expect("returned");
+    assert_eq!(
+        (r.requests, r.mismatches),
+        (200, 0),
+        "control: {:?}",
+        r.first_mismatches
+    );
+    let r = run_with(TRACE_CHAINED, 64, DescMode::Indirect, &[Fault::DigestOverrun], 1).expect("returned");
+    assert!(
+        r.mismatches > 0,
+        "the run passed: {} requests, 0 mismatches",
+        r.requests
+    );
+    assert!(
+        r.first_mismatches
+            .iter()
+            .all(|m| m.field.starts_with("hash result area past")),
+        "{:?}",
+        r.first_mismatches
+    );
 }
