@@ -19,6 +19,7 @@ use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_crypto_replay::guest_mem::GuestMem;
 use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
+use vhost_crypto_replay::soak::{soak, Layouts, SoakOptions, SoakReport};
 use vhost_crypto_replay::trace::Trace;
 use vhost_user_crypto::session_msg::{create_reply, decode_create, SessionAbi};
 use vhost_user_crypto::wire::{
@@ -51,6 +52,13 @@ enum Fault {
     /// The status is stored as a 32-bit word into the 1-byte status
     /// descriptor (3 bytes past it).
     WideStatus,
+    /// The device stores the chaining value (the last
+    /// output block) back into the (device-readable) IV, a classic CBC bug.
+    ClobberIv,
+    /// The output is written from the first writable
+    /// descriptor's address on, as if the writable descriptors were one
+    /// contiguous buffer (the honest fake scatters it over them).
+    LinearDst,
 }
 
 /// Session id -> (cipher key, direction, HMAC-SHA1 key of a chained session).
@@ -108,8 +116,30 @@ fn serve_messages(mut s: UnixStream, sessions: Sessions) {
                 s.write_all(&create_reply(&p, Some(SessionAbi::C), id as i64))
                     .unwrap();
             }
+            // CLOSE_CRYPTO_SESSION (the soak's rekeys).
+            27 => {
+                let id = u64::from_le_bytes(p[..8].try_into().unwrap());
+                sessions.lock().unwrap().remove(&id);
+            }
             _ => {}
         }
+    }
+}
+
+/// Writes `data` at offset `off` of the stream of buffers `segs`.
+fn scatter(mem: &GuestMem, segs: &[(u64, usize)], mut off: usize, mut data: &[u8]) {
+    for &(a, l) in segs {
+        if data.is_empty() {
+            return;
+        }
+        if off >= l {
+            off -= l;
+            continue;
+        }
+        let n = (l - off).min(data.len());
+        mem.write(a + off as u64, &data[..n]);
+        data = &data[n..];
+        off = 0;
     }
 }
 
@@ -192,9 +222,20 @@ fn serve_ring(
         let len = hdr.src_data_len as usize;
         let iv: [u8; 16] = stream[72..88].try_into().unwrap();
         let mut data = stream[88..88 + len].to_vec();
-        let (key, dir, mac) = sessions.lock().unwrap()[&hdr.session_id].clone();
         let (dst, _) = wr[0];
         let (status, slen) = *wr.last().unwrap();
+        let sess = sessions.lock().unwrap().get(&hdr.session_id).cloned();
+        let Some((key, dir, mac)) = sess else {
+            // A closed or unknown session: INVSESS, used length 1.
+            mem.write(status + slen as u64 - 1, &[4]);
+            let e = used + 4 + 8 * u64::from(next_used % size);
+            mem.write(e, &u32::from(head).to_le_bytes());
+            mem.write(e + 4, &1u32.to_le_bytes());
+            next_used = next_used.wrapping_add(1);
+            mem.store_u16_release(used + 2, next_used);
+            n += 1;
+            continue;
+        };
         // Used length: dst, the hash result (chained), the status byte.
         let mut used_len = len as u32 + 1;
         if let Some(mac_key) = mac {
@@ -219,13 +260,18 @@ fn serve_ring(
         } else {
             vhost_crypto_replay::reference::aes_cbc(dir, &key, &iv, &mut data).unwrap();
         }
-        mem.write(dst, &data);
+        if fault == Fault::LinearDst {
+            mem.write(dst, &data);
+        } else {
+            scatter(&mem, &wr, 0, &data);
+        }
         mem.write(status + slen as u64 - 1, &[0]);
         match fault {
+            Fault::ClobberIv => scatter(&mem, &rd, 72, &data[len - 16..]),
             Fault::ClobberSrc => mem.fill(rd.last().unwrap().0, len, 0),
             Fault::ClobberSrcFrom(k) if n >= k => mem.fill(rd.last().unwrap().0, len, 0),
             Fault::OverrunDst => mem.fill(dst + len as u64, 16, 0xEE),
-            Fault::ClobberHeader => mem.fill(rd[0].0, 72, 0),
+            Fault::ClobberHeader => scatter(&mem, &rd, 0, &[0; 72]),
             Fault::WideStatus => mem.write(status + slen as u64 - 1, &0u32.to_le_bytes()),
             _ => {}
         }
@@ -401,7 +447,7 @@ fn device_write_to_readable_src_past_the_first_requests_is_caught() {
     assert_eq!((r.requests, r.mismatches), (6000, 0), "{:?}", r.first_mismatches);
 }
 
-// ---- REVIEW (round 2): faults the tool does not catch ----
+// ---- Faults a second review found the tool did not catch ----
 
 #[test]
 fn device_write_to_readable_header_is_caught() {
@@ -513,4 +559,133 @@ fn device_write_past_hash_result_len_is_caught() {
         "{:?}",
         r.first_mismatches
     );
+}
+
+// ---- The soak checker and raw requests ----
+
+/// A soak of `count` requests (at most `max_size` bytes, `layouts`) on two
+/// queues of the fake backend, both served with `fault`; `None` if it did
+/// not return within 60 s.
+fn soak_with(fault: Fault, count: u64, max_size: usize, layouts: Layouts) -> Option<SoakReport> {
+    let o = SoakOptions {
+        seed: 7,
+        count,
+        queue_depth: 8,
+        sessions: 4,
+        rekey_every: 100,
+        stale_every: 20,
+        max_size,
+        layouts,
+        timeout: Duration::from_secs(2),
+        progress: false,
+    };
+    let cfg = o.frontend_config(2, SessionAbi::C);
+    let (a, b) = UnixStream::pair().unwrap();
+    let sessions: Sessions = Arc::default();
+    let s2 = sessions.clone();
+    std::thread::spawn(move || serve_messages(b, s2));
+    let mut fe = CryptoFrontend::from_stream(a, &cfg).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    for q in 0..2 {
+        let r = fe.queues[q].ring_addrs();
+        let (mem, st, sessions) = (fe.queues[q].mem_handle(), stop.clone(), sessions.clone());
+        std::thread::spawn(move || serve_ring(mem, r.size, r.desc, r.avail, r.used, sessions, fault, st));
+    }
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(soak(&mut fe, &o, None).unwrap());
+    });
+    let rep = rx.recv_timeout(Duration::from_secs(60)).ok();
+    stop.store(true, Ordering::Relaxed);
+    rep
+}
+
+fn assert_soak_caught(fault: Fault, max_size: usize) {
+    let r = soak_with(fault, 600, max_size, Layouts::Mixed)
+        .unwrap_or_else(|| panic!("{fault:?}: soak() did not return within 60 s"));
+    assert!(
+        !r.passed(),
+        "{fault:?}: the soak passed: {} requests ({} naming a closed session), layouts {:?}, 0 mismatches",
+        r.requests,
+        r.stale_requests,
+        r.layouts
+    );
+}
+
+#[test]
+fn soak_control_an_honest_fake_backend_passes() {
+    for max_size in [16, 2048] {
+        let r = soak_with(Fault::None, 600, max_size, Layouts::Mixed).expect("returned");
+        assert!(r.passed(), "{r:?}");
+        assert!(r.stale_requests > 0 && r.rekeys > 0, "{r:?}");
+    }
+}
+
+#[test]
+fn soak_device_write_to_readable_iv_is_caught() {
+    // (The soak used to read back only status, dst and src.)
+    assert_soak_caught(Fault::ClobberIv, 2048);
+}
+
+#[test]
+fn soak_device_write_to_readable_header_is_caught() {
+    assert_soak_caught(Fault::ClobberHeader, 2048);
+}
+
+#[test]
+fn soak_device_write_past_the_status_byte_is_caught() {
+    assert_soak_caught(Fault::WideStatus, 2048);
+}
+
+#[test]
+fn soak_dst_written_as_if_its_descriptors_were_contiguous_is_caught() {
+    // The "cut" layouts used to put dst's pieces back to back in guest
+    // memory, so a device that ignored every writable descriptor's address
+    // but the first wrote the right bytes; they are 16 bytes apart now.
+    assert_soak_caught(Fault::LinearDst, 2048);
+}
+
+#[test]
+fn soak_write_past_dst_of_a_max_size_request_is_caught() {
+    // --max-size 16: every request is max_size long, and the soak used to
+    // check 16.min(max_size - len) = 0 bytes after dst.
+    assert_soak_caught(Fault::OverrunDst, 16);
+}
+
+const RAW_TRACE: &str = r#"{"op":"create_session","name":"E","algo":"aes-cbc","key":"2b7e151628aed2a6abf7158809cf4f3c","direction":"encrypt"}
+{"op":"raw","header":{"opcode":0,"iv_len":16,"src_len":64,"dst_len":64,"op_type":1,"algo":0,"session":"E"},"descriptors":[{"at":0,"len":72,"data":"header"},{"at":128,"len":16,"data":"000102030405060708090a0b0c0d0e0f"},{"at":256,"len":64,"data":"6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e5130c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710"},{"at":512,"len":64,"write":true},{"at":1024,"len":1,"write":true}],"expect":{"used_len":65,"status":"ok","dst":"7649abac8119b246cee98e9b12e9197d5086cb9b507219ee95db113a917678b273bed6b8e3c1743b7116e69e222295163ff1caa1681fac09120eca307586e1a7","untouched":true}}
+"#;
+
+fn assert_raw_caught(fault: Fault) {
+    let r = run_with(RAW_TRACE, 1024, DescMode::Indirect, &[fault], 1).expect("returned");
+    assert!(
+        r.mismatches > 0 || r.error.is_some(),
+        "{fault:?}: the raw request (hostile-guest.jsonl's baseline, with \"untouched\") passed: {:?}",
+        r
+    );
+}
+
+#[test]
+fn raw_control_an_honest_fake_backend_passes() {
+    let r = run_with(RAW_TRACE, 1024, DescMode::Indirect, &[Fault::None], 1).expect("returned");
+    assert_eq!((r.requests, r.mismatches), (1, 0), "{:?}", r.first_mismatches);
+}
+
+#[test]
+fn raw_device_write_to_readable_buffers_is_caught() {
+    assert_raw_caught(Fault::ClobberSrc);
+    assert_raw_caught(Fault::ClobberHeader);
+    assert_raw_caught(Fault::ClobberIv);
+}
+
+#[test]
+fn raw_device_write_past_the_dst_descriptor_is_caught() {
+    // dst is scratch bytes 512..576; the write lands at 576..592, scratch
+    // bytes in no descriptor, which the tool used not to read back.
+    assert_raw_caught(Fault::OverrunDst);
+}
+
+#[test]
+fn raw_device_write_past_the_status_byte_is_caught() {
+    assert_raw_caught(Fault::WideStatus);
 }

@@ -37,6 +37,10 @@ use vhost_user_crypto::wire::OpDataReq;
 
 use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
 use crate::replay::{DST_CANARY, STATUS_CANARY};
+
+/// What the scratch bytes no descriptor puts data in hold while a raw
+/// request runs.
+const SCRATCH_CANARY: u8 = 0x3C;
 use crate::trace::{hex, unhex, ExpectStatus};
 
 /// Header fields of a raw request.
@@ -257,6 +261,12 @@ pub fn run_raw(
     let mut descs = Vec::with_capacity(n);
     let mut status_at = None;
     let mut writable = Vec::new();
+    // Every scratch byte no descriptor gives data to holds a canary, so
+    // that a write anywhere outside the writable buffers shows (below);
+    // also the 16 bytes after the scratch area where the slot has them
+    // (after a status byte that ends it).
+    let scratch = (r.scratch_bytes() + 16).min(layout.table - base) as usize;
+    q.mem().fill(base, scratch, SCRATCH_CANARY);
     for (i, d) in r.descriptors.iter().enumerate() {
         let addr = d.at.map_or(d.addr.unwrap_or(0), |a| base + a);
         if let Some(a) = d.at {
@@ -288,6 +298,7 @@ pub fn run_raw(
     if let Some(s) = status_at {
         q.mem().write(s, &[STATUS_CANARY]);
     }
+    let put = q.mem().view(base, scratch).to_vec();
     let indirect = r.indirect.unwrap_or(true);
     q.submit_descs(slot, &descs, indirect).map_err(Error::Raw)?;
     q.publish_and_kick()?;
@@ -374,6 +385,24 @@ pub fn run_raw(
                 "written".into(),
             ));
         }
+    }
+    // The device may write only inside the writable scratch buffers: the
+    // readable ones (data it was given), the bytes between buffers and
+    // those after the status byte must be as this tool put them.
+    let in_writable = |a: u64| writable.iter().any(|&(w, l)| a >= w && a < w + l as u64);
+    let outside = q
+        .mem()
+        .view(base, scratch)
+        .iter()
+        .zip(&put)
+        .enumerate()
+        .find(|&(i, (now, was))| now != was && !in_writable(base + i as u64));
+    if let Some((i, (&now, &was))) = outside {
+        bad.push((
+            format!("scratch byte {i} (in no writable buffer)"),
+            format!("{was:02x}"),
+            format!("{now:02x}"),
+        ));
     }
     Ok(RawOutcome {
         mismatches: bad,

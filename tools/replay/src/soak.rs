@@ -52,6 +52,17 @@ pub const DST_CANARY: u8 = 0x5A;
 pub const STATUS_CANARY: u8 = 0xFF;
 const OK: u8 = 0;
 const INVSESS: u8 = 4;
+/// Canary bytes between the pieces of a cut dst (so a device that writes
+/// dst as one run from its first descriptor, ignoring the others'
+/// addresses, is caught) and after its last piece.
+const DST_GAP: u32 = 16;
+/// Most pieces a dst is cut into ([`Layout::IndirectCut`]).
+const MAX_DST_PIECES: usize = 8;
+/// Room in a slot's dst area past `max_size`: the gaps and the tail.
+const DST_SLACK: usize = DST_GAP as usize * MAX_DST_PIECES;
+/// Guard bytes written after the status byte (checked afterwards: the
+/// device writes one byte).
+const STATUS_GUARD: [u8; 8] = [STATUS_CANARY, 0xC3, 0xC3, 0xC3, 0xC3, 0xC3, 0xC3, 0xC3];
 const MAX_REPORTED: usize = 10;
 
 /// Where a soak request's contiguous readable stream (header, IV, src)
@@ -168,7 +179,8 @@ impl SoakOptions {
             queues,
             queue_size: size as u16,
             queue_depth: self.queue_depth,
-            max_payload: self.max_size,
+            // Room for the gaps between a cut dst's pieces and after it.
+            max_payload: self.max_size + DST_SLACK,
             max_iv: 16,
             memory_bytes: 0,
             session_abi: abi,
@@ -344,6 +356,11 @@ struct Pending {
     iv: [u8; 16],
     len: u32,
     head: u32,
+    /// The session id the header names.
+    sid: u64,
+    /// dst's pieces (bytes each), `DST_GAP` bytes apart.
+    dst_cuts: [u32; MAX_DST_PIECES],
+    dst_pieces: u8,
 }
 
 struct Soak<'a, 'o> {
@@ -515,8 +532,9 @@ impl Soak<'_, '_> {
 
     /// The descriptors of a request of `len` bytes in `slot`'s buffers: the
     /// readable stream header | IV | src is one contiguous area (ending at
-    /// the slot's src, see [`readable_start`]), cut anywhere.
-    fn descs(&mut self, l: SlotLayout, len: u32, layout: Layout) -> Vec<Desc> {
+    /// the slot's src, see [`readable_start`]), cut anywhere; dst is cut
+    /// into pieces `DST_GAP` bytes apart (returned too).
+    fn descs(&mut self, l: SlotLayout, len: u32, layout: Layout) -> (Vec<Desc>, Vec<u32>) {
         let readable = 72 + 16 + len;
         let (r_cuts, d_cuts) = match layout {
             Layout::Direct | Layout::Indirect => (vec![72, 16, len], vec![len]),
@@ -537,15 +555,17 @@ impl Soak<'_, '_> {
             out.push((at, n, 0));
             at += u64::from(n);
         }
+        debug_assert!(d_cuts.len() <= MAX_DST_PIECES);
         let mut at = l.dst;
-        for n in d_cuts {
+        for &n in &d_cuts {
             out.push((at, n, VRING_DESC_F_WRITE));
-            at += u64::from(n);
+            at += u64::from(n + DST_GAP);
         }
         out.push((l.status, 1, VRING_DESC_F_WRITE));
         let last = out.len() - 1;
         debug_assert!(out.len() <= MAX_RAW_DESCS);
-        out.iter()
+        let descs = out
+            .iter()
             .enumerate()
             .map(|(i, &(addr, len, flags))| Desc {
                 addr,
@@ -553,7 +573,8 @@ impl Soak<'_, '_> {
                 flags: flags | if i == last { 0 } else { VRING_DESC_F_NEXT },
                 next: if i == last { 0 } else { i as u16 + 1 },
             })
-            .collect()
+            .collect();
+        (descs, d_cuts)
     }
 
     /// Generates and submits request `seq`.
@@ -610,7 +631,9 @@ impl Soak<'_, '_> {
             dst_data_len: len,
         };
         let l = self.fe.queues[q].layout(slot);
-        let descs = self.descs(l, len, layout);
+        let (descs, d_cuts) = self.descs(l, len, layout);
+        let mut dst_cuts = [0u32; MAX_DST_PIECES];
+        dst_cuts[..d_cuts.len()].copy_from_slice(&d_cuts);
         let dq = &mut self.fe.queues[q];
         {
             let mem = dq.mem();
@@ -618,9 +641,14 @@ impl Soak<'_, '_> {
             mem.write(at, &hdr.to_bytes());
             mem.write(at + 72, &iv);
             mem.write(l.src, &self.srcs[q][usize::from(slot)][..len as usize]);
-            let fill = (len as usize + 16).min(self.o.max_size);
+            // The pieces, the gaps between them and DST_GAP bytes after.
+            let fill = len as usize + DST_GAP as usize * d_cuts.len();
             mem.fill(l.dst, fill, DST_CANARY);
-            mem.write(l.status, &[STATUS_CANARY]);
+            if l.status + STATUS_GUARD.len() as u64 <= l.table {
+                mem.write(l.status, &STATUS_GUARD);
+            } else {
+                mem.write(l.status, &[STATUS_CANARY]);
+            }
         }
         let indirect = matches!(layout, Layout::Indirect | Layout::IndirectCut);
         dq.submit_descs(slot, &descs, indirect).map_err(Error::Raw)?;
@@ -632,6 +660,9 @@ impl Soak<'_, '_> {
             iv,
             len,
             head,
+            sid,
+            dst_cuts,
+            dst_pieces: d_cuts.len() as u8,
         });
         if let Some(s) = sess {
             self.sess[usize::from(s)].inflight[q] += 1;
@@ -687,10 +718,40 @@ impl Soak<'_, '_> {
         let l = self.fe.queues[q].layout(u.slot);
         let mem = self.fe.queues[q].mem();
         let status = mem.read_u8(l.status);
-        let tail = 16.min(self.o.max_size - len);
-        mem.read(l.dst, &mut self.got[..len + tail]);
+        let status_guard_ok = l.status + STATUS_GUARD.len() as u64 > l.table
+            || mem.view(l.status + 1, STATUS_GUARD.len() - 1) == &STATUS_GUARD[1..];
+        // dst from its pieces; the gap after each must hold the canary.
+        let mut gaps_ok = true;
+        let (mut at, mut done) = (l.dst, 0usize);
+        for &n in &p.dst_cuts[..usize::from(p.dst_pieces)] {
+            let n = n as usize;
+            mem.read(at, &mut self.got[done..done + n]);
+            gaps_ok &= mem
+                .view(at + n as u64, DST_GAP as usize)
+                .iter()
+                .all(|&b| b == DST_CANARY);
+            at += (n + DST_GAP as usize) as u64;
+            done += n;
+        }
         mem.read(l.src, &mut self.expect[..len]);
         let src_ok = self.expect[..len] == self.srcs[q][usize::from(u.slot)][..len];
+        // Header and IV (readable, right before src) as they were put there.
+        let hdr = OpDataReq {
+            opcode: match p.dir {
+                Direction::Encrypt => 0,
+                Direction::Decrypt => 1,
+            },
+            algo: 0,
+            session_id: p.sid,
+            op_type: 1,
+            iv_len: 16,
+            src_data_len: p.len,
+            dst_data_len: p.len,
+        }
+        .to_bytes();
+        let at = readable_start(l);
+        let hdr_ok = mem.view(at, 72) == hdr.as_slice();
+        let iv_ok = mem.view(at + 72, 16) == p.iv.as_slice();
         *self
             .report
             .status_counts
@@ -719,8 +780,17 @@ impl Soak<'_, '_> {
         if !src_ok {
             bad.push("source bytes changed".into());
         }
-        if self.got[len..len + tail].iter().any(|&b| b != DST_CANARY) {
-            bad.push("bytes after the output written".into());
+        if !hdr_ok {
+            bad.push("request header changed".into());
+        }
+        if !iv_ok {
+            bad.push("IV changed".into());
+        }
+        if !gaps_ok {
+            bad.push("bytes between or after the output's pieces written".into());
+        }
+        if !status_guard_ok {
+            bad.push("bytes after the status byte written".into());
         }
         match p.sess {
             Some(s) => {
