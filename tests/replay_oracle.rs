@@ -469,19 +469,27 @@ fn device_write_past_dst_of_a_48_byte_request_is_caught() {
     // main.rs sizes it from the trace): dst's area is rounded up to 64
     // bytes, so the overrun lands in the padding, not in the IV; the tool
     // puts a guard there.
-    let r = run_with(TRACE48, 48, DescMode::Indirect, &[Fault::None], 1).expect("returned");
+    control_then_caught(TRACE48, 48, Fault::OverrunDst);
+}
+
+/// Replays `trace` (200 requests, slots for `max_payload` bytes) against
+/// the honest fake, which must pass, and against one with `fault`, which
+/// must not; returns the faulty run's report.
+fn control_then_caught(trace: &str, max_payload: usize, fault: Fault) -> Report {
+    let r = run_with(trace, max_payload, DescMode::Indirect, &[Fault::None], 1).expect("returned");
     assert_eq!(
         (r.requests, r.mismatches),
         (200, 0),
         "control: {:?}",
         r.first_mismatches
     );
-    let r = run_with(TRACE48, 48, DescMode::Indirect, &[Fault::OverrunDst], 1).expect("returned");
+    let r = run_with(trace, max_payload, DescMode::Indirect, &[fault], 1).expect("returned");
     assert!(
         r.mismatches > 0 || r.error.is_some(),
-        "the run passed: {} requests, 0 mismatches",
+        "{fault:?}: the run passed: {} requests, 0 mismatches",
         r.requests
     );
+    r
 }
 
 #[test]
@@ -539,19 +547,7 @@ fn device_write_past_hash_result_len_is_caught() {
     // Encrypt-then-MAC requests in place (as DPDK's guest driver sends
     // them), digests truncated to 12 bytes; the fake computes the MAC with
     // OpenSSL, the tool's expectations come from RustCrypto.
-    let r = run_with(TRACE_CHAINED, 64, DescMode::Indirect, &[Fault::None], 1).expect("returned");
-    assert_eq!(
-        (r.requests, r.mismatches),
-        (200, 0),
-        "control: {:?}",
-        r.first_mismatches
-    );
-    let r = run_with(TRACE_CHAINED, 64, DescMode::Indirect, &[Fault::DigestOverrun], 1).expect("returned");
-    assert!(
-        r.mismatches > 0,
-        "the run passed: {} requests, 0 mismatches",
-        r.requests
-    );
+    let r = control_then_caught(TRACE_CHAINED, 64, Fault::DigestOverrun);
     assert!(
         r.first_mismatches
             .iter()
