@@ -3949,6 +3949,40 @@ fn hold_inode_lock(mem: &File) -> Option<(File, std::thread::JoinHandle<()>)> {
     Some((uffd, t))
 }
 
+/// A sealable memfd of [`MEM_SIZE`] whose inode lock [`hold_inode_lock`]
+/// holds until [`LockedMemfd::release`]; None (the test skips) where
+/// userfaultfd is not available.
+struct LockedMemfd {
+    mem: File,
+    uffd: File,
+    writer: std::thread::JoinHandle<()>,
+}
+
+impl LockedMemfd {
+    fn new() -> Option<Self> {
+        let mem = sealable_memfd(MEM_SIZE);
+        let (uffd, writer) = hold_inode_lock(&mem)?;
+        Some(LockedMemfd { mem, uffd, writer })
+    }
+
+    /// Lets the stuck write (and any check of the daemon's waiting on the
+    /// lock) go on, and waits for the write.
+    fn release(self) {
+        drop(self.uffd);
+        self.writer.join().unwrap();
+    }
+}
+
+/// Sends SET_MEM_TABLE (`table`, one descriptor per entry of `fds`) with
+/// NEED_REPLY on a new connection and returns what came back within 4 s;
+/// the connection is closed afterwards.
+fn send_mem_table(sock: &Path, table: &[u8], fds: &[RawFd]) -> Got {
+    let c = Conn::negotiated(sock);
+    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, table, fds).unwrap();
+    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+    c.recv()
+}
+
 /// The frontend holds the inode lock of its guest memory memfd (a write
 /// to it stuck in a page fault) while it sends SET_MEM_TABLE: the proxy's
 /// F_ADD_SEALS (memfd_add_seals takes the inode lock) then waits on the
@@ -3958,26 +3992,19 @@ fn hold_inode_lock(mem: &File) -> Option<(File, std::thread::JoinHandle<()>)> {
 #[test]
 fn a_frontend_holding_its_memfd_locked_cannot_wedge_the_daemon() {
     let mut daemon = Daemon::spawn(&[]);
-    let mem = sealable_memfd(MEM_SIZE);
-    let Some((uffd, writer)) = hold_inode_lock(&mem) else {
+    let Some(locked) = LockedMemfd::new() else {
         skipped("no userfaultfd here");
         return;
     };
-    let c = Conn::negotiated(&daemon.sock);
     let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
-        .unwrap();
-    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
-    let first = match c.recv() {
+    let first = match send_mem_table(&daemon.sock, &table, &[locked.mem.as_raw_fd()]) {
         Got::Msg(r, f, p) => format!("reply {r} (flags {f:#x}, {} bytes)", p.len()),
         other => format!("{other:?}"),
     };
-    drop(c);
     // The checks of the table's files give up after 2 s.
     let r = served_within(&mut daemon, Duration::from_secs(5));
     // Let the write (and the daemon's check) go on.
-    drop(uffd);
-    writer.join().unwrap();
+    locked.release();
     match r {
         Ok(t) => eprintln!("next frontend served after {t:?}"),
         Err(e) => panic!("SET_MEM_TABLE (answer: {first}), then disconnect: {e}"),
@@ -4223,8 +4250,7 @@ fn descriptors_left_waiting_by_one_frontend_do_not_end_the_next_honest_one() {
 #[test]
 fn memory_checks_left_behind_do_not_pile_up_descriptors() {
     let mut daemon = Daemon::spawn(&[]);
-    let mem = sealable_memfd(MEM_SIZE);
-    let Some((uffd, writer)) = hold_inode_lock(&mem) else {
+    let Some(locked) = LockedMemfd::new() else {
         skipped("no userfaultfd here");
         return;
     };
@@ -4233,17 +4259,13 @@ fn memory_checks_left_behind_do_not_pile_up_descriptors() {
         .map(|i| (i * 4096, 4096, UADDR + i * 4096, i * 4096))
         .collect();
     let table = mem_table(&regions);
-    let fds = vec![mem.as_raw_fd(); 32];
+    let fds = vec![locked.mem.as_raw_fd(); 32];
     let n = 12;
     for _ in 0..n {
-        let c = Conn::negotiated(&daemon.sock);
-        c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &fds).unwrap();
-        c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
-        let _ = c.recv();
+        let _ = send_mem_table(&daemon.sock, &table, &fds);
     }
     let after = daemon.idle_snapshot();
-    drop(uffd);
-    writer.join().unwrap();
+    locked.release();
     eprintln!(
         "after {n} tables of 32 regions in a locked memfd: fds {} -> {}, threads {} -> {}",
         base.fds, after.fds, base.threads, after.threads
@@ -4356,19 +4378,19 @@ fn descriptors_spread_over_one_message_cannot_make_the_pump_close_one() {
 #[test]
 fn exit_status_3_finishes_while_a_memory_check_waits_on_the_frontends_lock() {
     let mut daemon = Daemon::spawn(&[]);
-    let mem = sealable_memfd(MEM_SIZE);
-    let Some((uffd, writer)) = hold_inode_lock(&mem) else {
+    let Some(locked) = LockedMemfd::new() else {
         skipped("no userfaultfd here");
         return;
     };
     // 1. One memory table whose checks time out (one vuc-memcheck left).
-    let c = Conn::negotiated(&daemon.sock);
     let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
-        .unwrap();
-    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
-    assert!(matches!(c.recv(), Got::Closed), "table of a locked memfd refused");
-    drop(c);
+    assert!(
+        matches!(
+            send_mem_table(&daemon.sock, &table, &[locked.mem.as_raw_fd()]),
+            Got::Closed
+        ),
+        "table of a locked memfd refused"
+    );
     served_within(&mut daemon, Duration::from_secs(5)).expect("served with one check left waiting");
 
     // 2. Another connection leaves more than 256 descriptors behind a
@@ -4398,8 +4420,7 @@ fn exit_status_3_finishes_while_a_memory_check_waits_on_the_frontends_lock() {
         std::thread::sleep(Duration::from_millis(50));
     };
     // Only now does the frontend let go.
-    drop(uffd);
-    writer.join().unwrap();
+    locked.release();
     drop(peer);
     let status = status.expect("the daemon's exit did not finish while the frontend held its lock");
     assert_eq!(status.code(), Some(3), "exit status");
