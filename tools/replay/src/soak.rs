@@ -38,7 +38,7 @@ use clap::ValueEnum;
 use serde::Serialize;
 use vhost_user_crypto::request::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::wire::{OpDataReq, OP_DATA_REQ_SIZE};
 use zeroize::Zeroizing;
 
 use crate::frontend::{
@@ -67,6 +67,24 @@ const MAX_REPORTED: usize = 10;
 
 /// Where a soak request's contiguous readable stream (header, IV, src)
 /// starts: 88 bytes before the slot's src, inside the slot's header area.
+/// The header of a soak request: a plain cipher request of `len` bytes
+/// (IV 16 bytes, dst as long as src) in session `sid`.
+fn request_header(dir: Direction, sid: u64, len: u32) -> [u8; OP_DATA_REQ_SIZE] {
+    OpDataReq {
+        opcode: match dir {
+            Direction::Encrypt => 0,
+            Direction::Decrypt => 1,
+        },
+        algo: 0,
+        session_id: sid,
+        op_type: 1,
+        iv_len: 16,
+        src_data_len: len,
+        dst_data_len: len,
+    }
+    .to_bytes()
+}
+
 fn readable_start(l: SlotLayout) -> u64 {
     debug_assert!(l.src - l.hdr >= 88);
     l.src - 88
@@ -618,18 +636,7 @@ impl Soak<'_, '_> {
         let slot = self.room(q)?;
         let src = &mut self.srcs[q][usize::from(slot)];
         self.rng.fill(&mut src[..len as usize]);
-        let hdr = OpDataReq {
-            opcode: match dir {
-                Direction::Encrypt => 0,
-                Direction::Decrypt => 1,
-            },
-            algo: 0,
-            session_id: sid,
-            op_type: 1,
-            iv_len: 16,
-            src_data_len: len,
-            dst_data_len: len,
-        };
+        let hdr = request_header(dir, sid, len);
         let l = self.fe.queues[q].layout(slot);
         let (descs, d_cuts) = self.descs(l, len, layout);
         let mut dst_cuts = [0u32; MAX_DST_PIECES];
@@ -638,7 +645,7 @@ impl Soak<'_, '_> {
         {
             let mem = dq.mem();
             let at = readable_start(l);
-            mem.write(at, &hdr.to_bytes());
+            mem.write(at, &hdr);
             mem.write(at + 72, &iv);
             mem.write(l.src, &self.srcs[q][usize::from(slot)][..len as usize]);
             // The pieces, the gaps between them and DST_GAP bytes after.
@@ -736,21 +743,9 @@ impl Soak<'_, '_> {
         mem.read(l.src, &mut self.expect[..len]);
         let src_ok = self.expect[..len] == self.srcs[q][usize::from(u.slot)][..len];
         // Header and IV (readable, right before src) as they were put there.
-        let hdr = OpDataReq {
-            opcode: match p.dir {
-                Direction::Encrypt => 0,
-                Direction::Decrypt => 1,
-            },
-            algo: 0,
-            session_id: p.sid,
-            op_type: 1,
-            iv_len: 16,
-            src_data_len: p.len,
-            dst_data_len: p.len,
-        }
-        .to_bytes();
+        let hdr = request_header(p.dir, p.sid, p.len);
         let at = readable_start(l);
-        let hdr_ok = mem.view(at, 72) == hdr.as_slice();
+        let hdr_ok = mem.view(at, OP_DATA_REQ_SIZE) == hdr.as_slice();
         let iv_ok = mem.view(at + 72, 16) == p.iv.as_slice();
         *self
             .report
