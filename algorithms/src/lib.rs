@@ -304,35 +304,18 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         };
         let steps = longest + skew * nl.saturating_sub(1);
         let mut work = cipher::ParBlocks::<B>::default();
-        if skew == 0 && nl >= 2 && par >= MAX_LANES && blocks[..nl].iter().all(|&b| b == longest) {
-            // Every lane has a block at every step (equal lengths, no skew:
-            // the usual batch of same-size requests): no per-lane checks.
-            // The work blocks carry the chaining values from step to step
-            // (one store-to-load round trip per block less than keeping
-            // them apart).
-            for (w, s) in work.iter_mut().zip(&state[..nl]) {
-                w.copy_from_slice(&s.to_le_bytes());
-            }
-            for step in 0..longest {
-                let off = step * AES_BLOCK_SIZE;
-                for (i, w) in work.iter_mut().enumerate().take(nl) {
-                    let mut p = [0u8; AES_BLOCK_SIZE];
-                    p.copy_from_slice(&lanes[i].buf.get_in()[off..off + AES_BLOCK_SIZE]);
-                    let mut c = [0u8; AES_BLOCK_SIZE];
-                    c.copy_from_slice(w);
-                    w.copy_from_slice(&(u128::from_le_bytes(p) ^ u128::from_le_bytes(c)).to_le_bytes());
-                }
-                backend.proc_par_blocks_inplace(&mut work);
-                for (i, w) in work.iter().enumerate().take(nl) {
-                    lanes[i].buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(w);
-                }
-            }
-            for (w, s) in work.iter().zip(&mut state[..nl]) {
-                let mut c = [0u8; AES_BLOCK_SIZE];
-                c.copy_from_slice(w);
-                *s = u128::from_le_bytes(c);
-            }
+        let equal = blocks[..nl].iter().all(|&b| b == longest);
+        // The usual batch: eight same-size messages (lanes_full), or
+        // fewer (lanes_equal).
+        let full = if skew == 0 && par >= MAX_LANES && equal {
+            <&mut [Lane<'_>; MAX_LANES]>::try_from(&mut lanes[..]).ok()
         } else {
+            None
+        };
+        let done = full.is_some_and(|full| lanes_full(backend, full, &mut state, &mut work));
+        if !done && skew == 0 && nl >= 2 && par >= MAX_LANES && equal {
+            lanes_equal(backend, &mut lanes[..nl], &mut state, longest, &mut work);
+        } else if !done {
             self::lanes_ragged(backend, lanes, &mut state, &blocks, nl, skew, steps, &mut work);
         }
         for (l, s) in lanes.iter_mut().zip(&state) {
@@ -343,6 +326,91 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         for b in work.iter_mut() {
             zeroize::Zeroize::zeroize(b.as_mut_slice());
         }
+    }
+}
+
+/// [`MultiLane`]'s loop for its usual case: [`MAX_LANES`] messages of equal
+/// length, no skew, a backend with at least [`MAX_LANES`] parallel blocks.
+/// The work blocks carry the chaining values from step to step. `state`
+/// holds the IVs on entry and the last ciphertext blocks on return.
+/// Returns false, having done nothing, if the lanes' lengths differ (the
+/// caller checked that they do not).
+///
+/// Unlike [`lanes_equal`], the lanes' buffers are reached through a local
+/// array of fixed size: the loop over lanes unrolls, and their addresses
+/// and lengths are not reloaded through `lanes` after every 16-byte store.
+/// 387 instead of 538 instructions per 256-byte message (callgrind), and
+/// 15-20 % less time in the engines bench; the same code for 2 to 7 lanes
+/// (a slice of that array) measured no faster than [`lanes_equal`].
+fn lanes_full<B: cipher::BlockBackend<BlockSize = U16>>(
+    backend: &mut B,
+    lanes: &mut [Lane<'_>; MAX_LANES],
+    state: &mut [u128; MAX_LANES],
+    work: &mut cipher::ParBlocks<B>,
+) -> bool {
+    let mut bufs = lanes.each_mut().map(|l| l.buf.reborrow().into_chunks::<U16>().0);
+    let n = bufs[0].len();
+    if bufs.iter().any(|b| b.len() != n) {
+        return false;
+    }
+    for (w, s) in work.iter_mut().zip(state.iter()) {
+        w.copy_from_slice(&s.to_le_bytes());
+    }
+    for j in 0..n {
+        for (w, b) in work.iter_mut().zip(bufs.iter_mut()) {
+            let p = u128::from_le_bytes((*b.get(j).get_in()).into());
+            let mut c = [0u8; AES_BLOCK_SIZE];
+            c.copy_from_slice(w);
+            w.copy_from_slice(&(p ^ u128::from_le_bytes(c)).to_le_bytes());
+        }
+        backend.proc_par_blocks_inplace(work);
+        for (w, b) in work.iter().zip(bufs.iter_mut()) {
+            b.get(j).get_out().copy_from_slice(w);
+        }
+    }
+    for (w, s) in work.iter().zip(state.iter_mut()) {
+        let mut c = [0u8; AES_BLOCK_SIZE];
+        c.copy_from_slice(w);
+        *s = u128::from_le_bytes(c);
+    }
+    true
+}
+
+/// [`MultiLane`]'s loop for fewer than [`MAX_LANES`] messages of equal
+/// length (`blocks` blocks each), no skew, a backend with at least
+/// [`MAX_LANES`] parallel blocks: every lane has a block at every step, so
+/// there are no per-lane checks. The work blocks carry the chaining values
+/// from step to step (one store-to-load round trip per block less than
+/// keeping them apart).
+fn lanes_equal<B: cipher::BlockBackend<BlockSize = U16>>(
+    backend: &mut B,
+    lanes: &mut [Lane<'_>],
+    state: &mut [u128; MAX_LANES],
+    blocks: usize,
+    work: &mut cipher::ParBlocks<B>,
+) {
+    let nl = lanes.len();
+    for (w, s) in work.iter_mut().zip(&state[..nl]) {
+        w.copy_from_slice(&s.to_le_bytes());
+    }
+    for step in 0..blocks {
+        let off = step * AES_BLOCK_SIZE;
+        for (i, w) in work.iter_mut().enumerate().take(nl) {
+            let mut p = [0u8; AES_BLOCK_SIZE];
+            p.copy_from_slice(&lanes[i].buf.get_in()[off..off + AES_BLOCK_SIZE]);
+            let mut c = [0u8; AES_BLOCK_SIZE];
+            c.copy_from_slice(w);
+            w.copy_from_slice(&(u128::from_le_bytes(p) ^ u128::from_le_bytes(c)).to_le_bytes());
+        }
+        backend.proc_par_blocks_inplace(work);
+        for (i, w) in work.iter().enumerate().take(nl) {
+            lanes[i].buf.get_out()[off..off + AES_BLOCK_SIZE].copy_from_slice(w);
+        }
+    }
+    for (w, s) in work.iter().zip(&mut state[..nl]) {
+        let mut c = [0u8; AES_BLOCK_SIZE];
+        c.copy_from_slice(w);
+        *s = u128::from_le_bytes(c);
     }
 }
 

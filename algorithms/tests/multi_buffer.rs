@@ -41,16 +41,35 @@ fn nist_f21_f23_f25_in_every_lane() {
          "f58c4c04d6e5f1ba779eabfb5f7bfbd69cfc4e967edb808d679f777bc6702c7d39f23369a9d9bacfa530e26304231461b2eb05e2c39be9fcda6c19078c6a9d1b"),
     ] {
         let k = AesCbcKey::new(&hex(key)).unwrap();
-        // Eight lanes holding the vector and its 16/32/48-byte prefixes.
-        let mut bufs: Vec<Vec<u8>> = (0..MAX_LANES).map(|i| pt[..16 * (1 + i % 4)].to_vec()).collect();
-        let mut lanes: Vec<Lane> = bufs.iter_mut().map(|b| Lane { iv, buf: b.as_mut_slice().into() }).collect();
-        cbc_encrypt_multi(&k, &mut lanes).unwrap();
-        let ivs: Vec<[u8; 16]> = lanes.iter().map(|l| l.iv).collect();
-        drop(lanes);
         let ct = hex(ct);
-        for (i, b) in bufs.iter().enumerate() {
-            assert_eq!(b[..], ct[..b.len()], "{key} lane {i}");
-            assert_eq!(ivs[i][..], ct[b.len() - 16..b.len()], "chaining value of lane {i}");
+        // Eight lanes holding the vector and its 16/32/48-byte prefixes
+        // (lanes of different lengths), then eight whole vectors (the
+        // equal-length loop), in place and from one buffer into another.
+        for (layout, in_place) in [("prefixes", true), ("whole", true), ("whole", false)] {
+            let len = |i: usize| if layout == "whole" { pt.len() } else { 16 * (1 + i % 4) };
+            let src: Vec<Vec<u8>> = (0..MAX_LANES).map(|i| pt[..len(i)].to_vec()).collect();
+            let mut bufs = src.clone();
+            let mut outs: Vec<Vec<u8>> = src.iter().map(|b| vec![0u8; b.len()]).collect();
+            let mut lanes: Vec<Lane> = if in_place {
+                bufs.iter_mut().map(|b| Lane { iv, buf: b.as_mut_slice().into() }).collect()
+            } else {
+                src.iter()
+                    .zip(outs.iter_mut())
+                    .map(|(i, o)| Lane { iv, buf: InOutBuf::new(i, o).unwrap() })
+                    .collect()
+            };
+            cbc_encrypt_multi(&k, &mut lanes).unwrap();
+            let ivs: Vec<[u8; 16]> = lanes.iter().map(|l| l.iv).collect();
+            drop(lanes);
+            let got = if in_place { &bufs } else { &outs };
+            for (i, b) in got.iter().enumerate() {
+                assert_eq!(b.len(), len(i));
+                assert_eq!(b[..], ct[..b.len()], "{key} {layout} in place {in_place}: lane {i}");
+                assert_eq!(ivs[i][..], ct[b.len() - 16..b.len()], "chaining value of lane {i}");
+            }
+            if !in_place {
+                assert_eq!(bufs, src, "inputs untouched");
+            }
         }
     }
 }
