@@ -62,6 +62,10 @@ enum Fault {
     /// descriptor's address on, as if the writable descriptors were one
     /// contiguous buffer (the honest fake scatters it over them).
     LinearDst,
+    /// After completing a request, the device clears the flags of the
+    /// chain's last descriptor (in the ring or the indirect table), which
+    /// only the driver may write.
+    ClobberDescs,
 }
 
 /// Session id -> (cipher key, direction, HMAC-SHA1 key of a chained session).
@@ -263,7 +267,8 @@ fn serve_ring(
             i = 0;
         }
         let (mut rd, mut wr) = (Vec::new(), Vec::new());
-        loop {
+        let last_desc = loop {
+            let at = table + 16 * i;
             let (addr, len, flags, next) = d(table, i);
             if flags & 2 != 0 {
                 wr.push((addr, len as usize));
@@ -271,10 +276,10 @@ fn serve_ring(
                 rd.push((addr, len as usize));
             }
             if flags & 1 == 0 {
-                break;
+                break at;
             }
             i = u64::from(next);
-        }
+        };
         let mut stream = Vec::new();
         for &(a, l) in &rd {
             let mut b = vec![0u8; l];
@@ -332,6 +337,7 @@ fn serve_ring(
             Fault::OverrunDst => mem.fill(dst + len as u64, 16, 0xEE),
             Fault::ClobberHeader => scatter(&mem, &rd, 0, &[0; 72]),
             Fault::WideStatus => mem.write(status + slen as u64 - 1, &0u32.to_le_bytes()),
+            Fault::ClobberDescs => mem.write(last_desc + 12, &[0, 0]),
             _ => {}
         }
         if let Fault::StuckAndRepost(k) = fault {
@@ -715,6 +721,24 @@ fn soak_write_past_dst_of_a_max_size_request_is_caught() {
     // --max-size 16: every request is max_size long, and the soak used to
     // check 16.min(max_size - len) = 0 bytes after dst.
     assert_soak_caught(Fault::OverrunDst, 16);
+}
+
+#[test]
+fn soak_device_write_to_the_descriptors_is_caught() {
+    // (The soak did not read the ring's descriptors or the indirect
+    // tables back.)
+    let r = soak_with(Fault::ClobberDescs, 600, 2048, Layouts::Mixed).expect("returned");
+    assert!(!r.passed(), "{r:?}");
+    assert!(
+        r.first_mismatches
+            .iter()
+            .any(|m| m.contains("descriptors (ring or indirect table) changed")),
+        "{:?}",
+        r.first_mismatches
+    );
+    // Every request the fake ran was caught (it completes those naming a
+    // closed session before the fault).
+    assert_eq!(r.mismatches, r.completed - r.stale_requests, "{r:?}");
 }
 
 const RAW_TRACE: &str = r#"{"op":"create_session","name":"E","algo":"aes-cbc","key":"2b7e151628aed2a6abf7158809cf4f3c","direction":"encrypt"}

@@ -390,6 +390,9 @@ struct Soak<'a, 'o> {
     pending: Vec<Vec<Option<Pending>>>,
     /// Source bytes per (queue, slot), kept for the check.
     srcs: Vec<Vec<Vec<u8>>>,
+    /// Per (queue, slot): the request's descriptors as this tool put them
+    /// (see [`DescsPut`]), kept for the check.
+    descs_put: Vec<Vec<DescsPut>>,
     /// One bit per sequence number: completed.
     ledger: Vec<u64>,
     report: SoakReport,
@@ -398,6 +401,18 @@ struct Soak<'a, 'o> {
     expect: Vec<u8>,
     got: Vec<u8>,
     bar: Option<indicatif::ProgressBar>,
+}
+
+/// Where a request's descriptors are and their bytes as they were put
+/// there: the ring's descriptors (the head, or the whole direct chain) and,
+/// for an indirect request, its table. The device only reads them (virtio
+/// 1.2 §2.7.5: the descriptor table is driver-written), so they must be
+/// unchanged when the request completes.
+#[derive(Default)]
+struct DescsPut {
+    /// (guest address, length in bytes); the second is empty for a direct chain.
+    areas: [(u64, usize); 2],
+    bytes: Vec<u8>,
 }
 
 /// Cuts `total` into `pieces` lengths of at least one byte each, at random offsets.
@@ -660,6 +675,19 @@ impl Soak<'_, '_> {
         let indirect = matches!(layout, Layout::Indirect | Layout::IndirectCut);
         dq.submit_descs(slot, &descs, indirect).map_err(Error::Raw)?;
         let head = self.head(q, slot);
+        let dq = &self.fe.queues[q];
+        let ring = dq.ring_addrs().desc + 16 * u64::from(head);
+        let n = 16 * descs.len();
+        let put = &mut self.descs_put[q][usize::from(slot)];
+        put.areas = if indirect {
+            [(ring, 16), (l.table, n)]
+        } else {
+            [(ring, n), (0, 0)]
+        };
+        put.bytes.clear();
+        for (a, n) in put.areas {
+            put.bytes.extend_from_slice(dq.mem().view(a, n));
+        }
         self.pending[q][usize::from(slot)] = Some(Pending {
             seq,
             sess,
@@ -747,6 +775,9 @@ impl Soak<'_, '_> {
         let at = readable_start(l);
         let hdr_ok = mem.view(at, OP_DATA_REQ_SIZE) == hdr.as_slice();
         let iv_ok = mem.view(at + 72, 16) == p.iv.as_slice();
+        let put = &self.descs_put[q][usize::from(u.slot)];
+        let [(a0, n0), (a1, n1)] = put.areas;
+        let descs_ok = mem.view(a0, n0) == &put.bytes[..n0] && mem.view(a1, n1) == &put.bytes[n0..n0 + n1];
         *self
             .report
             .status_counts
@@ -780,6 +811,9 @@ impl Soak<'_, '_> {
         }
         if !iv_ok {
             bad.push("IV changed".into());
+        }
+        if !descs_ok {
+            bad.push("descriptors (ring or indirect table) changed".into());
         }
         if !gaps_ok {
             bad.push("bytes between or after the output's pieces written".into());
@@ -952,6 +986,11 @@ pub fn soak(
         .iter()
         .map(|q| vec![vec![0u8; o.max_size]; usize::from(q.slots())])
         .collect();
+    let descs_put = fe
+        .queues
+        .iter()
+        .map(|q| (0..q.slots()).map(|_| DescsPut::default()).collect())
+        .collect();
     let bar = (o.progress && o.count >= 10_000).then(|| {
         let b = indicatif::ProgressBar::new(o.count);
         b.set_style(
@@ -968,6 +1007,7 @@ pub fn soak(
         closed: Vec::new(),
         pending,
         srcs,
+        descs_put,
         ledger: vec![0u64; o.count.div_ceil(64) as usize],
         report: SoakReport {
             seed: o.seed,
