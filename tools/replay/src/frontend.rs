@@ -351,7 +351,13 @@ impl DriverQueue {
     /// completions out of order, a late one keeps the other slots of its
     /// set waiting, so fewer than `depth` requests may be in flight.
     pub fn layout(&self, slot: u16) -> SlotLayout {
-        let base = self.slots_base + self.buf(slot) as u64 * self.slot_size as u64;
+        self.set_layout(self.buf(slot))
+    }
+
+    /// Guest addresses of buffer set `b`'s buffers (`layout(slot)` is
+    /// `set_layout(buf(slot))`; for a caller that needs both).
+    pub fn set_layout(&self, b: usize) -> SlotLayout {
+        let base = self.slots_base + b as u64 * self.slot_size as u64;
         let p = (self.max_payload as u64).next_multiple_of(SLOT_ALIGN as u64);
         // The header (unchanged while the slot keeps its session and
         // shape), src and dst each start a cache line, as a driver's buffers
@@ -471,6 +477,34 @@ impl DriverQueue {
     /// `virtio_crypto_alg_chain_data_vlf`. With `in_place` the dst
     /// descriptor points at src, as DPDK's guest driver does.
     pub fn submit_request(&mut self, slot: u16, iv_len: u32, len: u32, digest_len: u32, in_place: bool) {
+        let shape = Some((iv_len, len, digest_len, in_place));
+        let b = self.buf(slot);
+        let unchanged = self.shape.get(b) == Some(&shape);
+        if let Some(s) = self.shape.get_mut(b) {
+            *s = shape;
+        }
+        // The usual case, a slot reused with the same shape, writes no
+        // descriptor: the descriptors are laid out only when some are
+        // (re)written.
+        let head = match self.desc_mode {
+            DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
+            DescMode::Indirect if unchanged && self.head_shape.get(usize::from(slot)) == Some(&shape) => slot,
+            _ => self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged),
+        };
+        self.take_slot(slot);
+        let pos = self.ring_pos(self.avail_idx);
+        self.mem
+            .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+    }
+
+    /// Writes [`DriverQueue::submit_request`]'s descriptors for `slot`
+    /// and `shape` (iv_len, len, digest_len, in_place): in indirect mode
+    /// the buffer set's table unless `unchanged` (it holds them already)
+    /// and the slot's head descriptor, in chain mode the chain. Returns
+    /// the head.
+    fn write_descs(&mut self, slot: u16, shape: (u32, u32, u32, bool), unchanged: bool) -> u16 {
+        let (iv_len, len, digest_len, in_place) = shape;
         let l = self.layout(slot);
         let dst = if in_place { l.src } else { l.dst };
         let all = [
@@ -490,14 +524,7 @@ impl DriverQueue {
             }
         }
         let descs = &buf[..n];
-        let shape = Some((iv_len, len, digest_len, in_place));
-        let b = self.buf(slot);
-        let unchanged = self.shape.get(b) == Some(&shape);
-        if let Some(s) = self.shape.get_mut(b) {
-            *s = shape;
-        }
-        let head = match self.desc_mode {
-            DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
+        match self.desc_mode {
             DescMode::Indirect => {
                 if !unchanged {
                     for (i, &(addr, len, flags)) in descs.iter().enumerate() {
@@ -514,17 +541,15 @@ impl DriverQueue {
                 // The slot's head descriptor may point at the set's table
                 // for another shape (another slot of the set changed it), or
                 // not at all yet.
-                if !unchanged || self.head_shape.get(usize::from(slot)) != Some(&shape) {
-                    let d = Desc {
-                        addr: l.table,
-                        len: 16 * descs.len() as u32,
-                        flags: VRING_DESC_F_INDIRECT,
-                        next: 0,
-                    };
-                    self.mem
-                        .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
-                    self.head_shape[usize::from(slot)] = shape;
-                }
+                let d = Desc {
+                    addr: l.table,
+                    len: 16 * descs.len() as u32,
+                    flags: VRING_DESC_F_INDIRECT,
+                    next: 0,
+                };
+                self.mem
+                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                self.head_shape[usize::from(slot)] = Some(shape);
                 slot
             }
             DescMode::Chain => {
@@ -543,12 +568,7 @@ impl DriverQueue {
                 }
                 base
             }
-        };
-        self.take_slot(slot);
-        let pos = u64::from(self.avail_idx % self.size);
-        self.mem
-            .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
-        self.avail_idx = self.avail_idx.wrapping_add(1);
+        }
     }
 
     /// Publishes the avail index and kicks the backend unless it asked not
@@ -640,7 +660,7 @@ impl DriverQueue {
     pub fn try_reap(&mut self, out: &mut Vec<Used>) {
         let used_idx = self.mem.load_u16_acquire(self.used + 2);
         while self.last_used != used_idx {
-            let pos = u64::from(self.last_used % self.size);
+            let pos = self.ring_pos(self.last_used);
             let id = self.mem.read_u32(self.used + 4 + 8 * pos);
             let len = self.mem.read_u32(self.used + 8 + 8 * pos);
             // A used id that names no request in flight (a backend bug the
@@ -721,10 +741,16 @@ impl DriverQueue {
             base
         };
         self.take_slot(slot);
-        let pos = u64::from(self.avail_idx % self.size);
+        let pos = self.ring_pos(self.avail_idx);
         self.mem.write_u16(self.avail + 4 + 2 * pos, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
         Ok(())
+    }
+
+    /// The ring position of avail or used index `idx`: `idx % size`, as
+    /// a mask (the size is a power of two, [`FrontendConfig::validate`]).
+    fn ring_pos(&self, idx: u16) -> u64 {
+        u64::from(idx & (self.size - 1))
     }
 
     /// Whether this queue lays requests out as direct chains.

@@ -242,7 +242,27 @@ pub fn prefetch(bytes: &[u8]) {
 fn line_starts(p: usize, len: usize) -> impl Iterator<Item = usize> {
     let end = p + len.min(PREFETCH_MAX);
     let first = if len == 0 { end } else { p & !63 };
-    (first..end).step_by(64)
+    LineStarts { next: first, end }
+}
+
+/// `(next..end).step_by(64)` as a plain compare-and-add loop (`StepBy`
+/// first works out how many steps there are, on every prefetch call).
+struct LineStarts {
+    next: usize,
+    end: usize,
+}
+
+impl Iterator for LineStarts {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let line = self.next;
+        if line >= self.end {
+            return None;
+        }
+        self.next = line + 64;
+        Some(line)
+    }
 }
 
 impl Drop for GuestMem {

@@ -218,8 +218,10 @@ struct Run<'a> {
     seq: u64,
     /// Completions per status byte (turned into `status_counts` at the end).
     status_counts: [u64; 256],
-    /// Each queue's guest memory (cloned once, not per completion).
-    mems: Vec<std::sync::Arc<crate::guest_mem::GuestMem>>,
+    /// Each queue's guest memory (cloned once, not per completion; held
+    /// by `replay`, so a completion's `&GuestMem` borrows nothing of the
+    /// run).
+    mems: &'a [std::sync::Arc<crate::guest_mem::GuestMem>],
     outcomes: Vec<(u64, Outcome)>,
     bar: Option<indicatif::ProgressBar>,
 }
@@ -308,17 +310,19 @@ impl<'a> Run<'a> {
         if let Some(b) = &self.bar {
             b.inc(1);
         }
-        let l = self.fe.queues[q].layout(u.slot);
+        let b = self.fe.queues[q].buf(u.slot);
+        let l = self.fe.queues[q].set_layout(b);
         // The output is compared where the backend wrote it (no copy).
-        // (The handles are moved out for the call and back: no refcount
-        // traffic per completion.)
-        let mems = std::mem::take(&mut self.mems);
-        let mem = &mems[q];
+        let mem: &'a GuestMem = &self.mems[q];
         let dst = mem.view(if req.in_place { l.src } else { l.dst }, req.src.len());
         let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len as usize);
         let mut digest = [0u8; DIGEST_AREA];
         let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
-        mem.read(l.digest, digest);
+        // (Plain cipher requests have no hash result: no call to copy
+        // nothing.)
+        if !digest.is_empty() {
+            mem.read(l.digest, digest);
+        }
         // The status byte and, where the slot has room, the bytes after it
         // that must stay as this tool put them: one 8-byte load.
         let room = l.status + STATUS_AREA as u64 <= l.table;
@@ -335,12 +339,10 @@ impl<'a> Run<'a> {
         };
         let before = self.report.mismatches;
         self.check_outcome(req, seq, u, status, dst, digest);
-        let b = self.fe.queues[q].buf(u.slot);
         self.check_untouched(req, seq, mem, l, digest_len, after_status_ok);
         self.dst_known[q][b] = Some(sig).filter(|_| {
             req.dst.is_some() && self.report.mismatches == before && status == 0 && !req.in_place
         });
-        self.mems = mems;
     }
 
     /// The device may write only the dst and hash result bytes and the
@@ -554,6 +556,10 @@ impl<'a> Run<'a> {
 
     fn requests(&mut self, reqs: &'a [Req], sigs: &'a [Vec<u32>], rr: &mut usize) -> Result<(), Error> {
         let nq = self.fe.queues.len();
+        // Per run of requests, not per request (and in locals: the stores
+        // into guest memory would make the compiler load them again).
+        let depth = self.opts.queue_depth;
+        let publish_every = PUBLISH_EVERY.min(depth / 4).max(1);
         let mut last_session: Option<(&str, u64)> = None;
         for (i, req) in reqs.iter().enumerate() {
             let sig = sigs.get(i).map_or(&[][..], Vec::as_slice);
@@ -569,9 +575,12 @@ impl<'a> Run<'a> {
                     self.mismatch(req.line, "queue", format!("< {nq}"), q.to_string());
                     continue;
                 }
+                // `rr` is the next queue (below `nq`, which is the same
+                // for the whole run), not a count: no division per request.
                 None => {
-                    *rr += 1;
-                    (*rr - 1) % nq
+                    let q = *rr;
+                    *rr = if q + 1 == nq { 0 } else { q + 1 };
+                    q
                 }
             };
             if let Some(next) = reqs.get(i + PREFETCH_AHEAD) {
@@ -592,7 +601,7 @@ impl<'a> Run<'a> {
             }
             let slot = loop {
                 let dq = &self.fe.queues[q];
-                if dq.in_flight() < self.opts.queue_depth {
+                if dq.in_flight() < depth {
                     if let Some(s) = dq.next_slot() {
                         break s;
                     }
@@ -617,7 +626,8 @@ impl<'a> Run<'a> {
             let hdr = request_header(req, sid);
             let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len);
             let dq = &mut self.fe.queues[q];
-            let l = dq.layout(slot);
+            let b = dq.buf(slot);
+            let l = dq.set_layout(b);
             let mem = dq.mem();
             mem.write_if_changed(l.hdr, &hdr);
             mem.write(l.iv, &req.iv);
@@ -627,6 +637,8 @@ impl<'a> Run<'a> {
             }
             if !req.in_place {
                 let n = req.src.len();
+                // Not known again until this request is checked.
+                let known = self.dst_known[q][b].take();
                 match req.dst.as_ref().filter(|_| req.status == ExpectStatus::Ok) {
                     // Every output byte is compared with the expected one
                     // afterwards. A 16-byte block of dst that may already
@@ -636,14 +648,9 @@ impl<'a> Run<'a> {
                     // the other blocks are left alone: writing them would
                     // pull their lines over to this CPU just before the
                     // backend writes them.
-                    Some(want) => {
-                        let known = self.dst_known[q][dq.buf(slot)];
-                        canary_where_same(mem, l.dst, known, sig, &want[..want.len().min(n)]);
-                    }
+                    Some(want) => canary_where_same(mem, l.dst, known, sig, &want[..want.len().min(n)]),
                     None => mem.fill(l.dst, n, DST_CANARY),
                 }
-                // Not known again until this request is checked.
-                self.dst_known[q][dq.buf(slot)] = None;
             }
             if let Some(c) = &req.chain {
                 let n = c.digest_in.len().min(DIGEST_AREA);
@@ -666,9 +673,9 @@ impl<'a> Run<'a> {
             self.seq += 1;
             let t0 = (seq % LATENCY_SAMPLE == 0).then(Instant::now);
             self.inflight[q][usize::from(slot)] = Some((req, t0, seq, sig));
-            if dq.next_slot().is_none() || dq.in_flight() >= self.opts.queue_depth {
+            if dq.next_slot().is_none() || dq.in_flight() >= depth {
                 self.drain(q, false)?;
-            } else if dq.unpublished() >= PUBLISH_EVERY.min(self.opts.queue_depth / 4).max(1) {
+            } else if dq.unpublished() >= publish_every {
                 // Hand requests over in groups rather than only when the
                 // ring is full, so the backend works while we submit.
                 dq.publish_and_kick()?;
@@ -770,7 +777,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
             _ => Vec::new(),
         })
         .collect();
-    let mems = fe.queues.iter().map(|q| q.mem_handle()).collect();
+    let mems: Vec<_> = fe.queues.iter().map(|q| q.mem_handle()).collect();
     let dst_known = fe
         .queues
         .iter()
@@ -786,7 +793,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         dst_known,
         seq: 0,
         status_counts: [0; 256],
-        mems,
+        mems: &mems,
         outcomes: Vec::new(),
         bar,
     };
@@ -878,16 +885,21 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         r.mib_per_sec = r.bytes as f64 / (1 << 20) as f64 / r.elapsed_s;
     }
     let mut lat = run.latencies;
-    lat.sort_unstable();
-    let pct = |p: f64| -> f64 {
-        if lat.is_empty() {
-            0.0
+    if let Some(last) = lat.len().checked_sub(1) {
+        // The values a full sort would put at these ranks, found by
+        // selection (linear, not n log n): after the first, the ranks
+        // below it hold the smallest values, among which the second is.
+        let rank = |p: f64| (last as f64 * p).round() as usize;
+        let (i50, i99) = (rank(0.50), rank(0.99));
+        let p99 = *lat.select_nth_unstable(i99).1;
+        let p50 = if i50 < i99 {
+            *lat[..i99].select_nth_unstable(i50).1
         } else {
-            f64::from(lat[((lat.len() - 1) as f64 * p).round() as usize])
-        }
-    };
-    r.p50_us = pct(0.50);
-    r.p99_us = pct(0.99);
+            p99
+        };
+        r.p50_us = f64::from(p50);
+        r.p99_us = f64::from(p99);
+    }
     Ok(r)
 }
 
