@@ -423,7 +423,12 @@ impl DriverQueue {
 
     /// Marks `slot` in flight.
     fn take_slot(&mut self, slot: u16) {
-        let b = self.buf(slot);
+        self.take_slot_in(slot, self.buf(slot));
+    }
+
+    /// [`DriverQueue::take_slot`] for a caller that has `slot`'s buffer
+    /// set `b` at hand already.
+    fn take_slot_in(&mut self, slot: u16, b: usize) {
         self.busy[b] = true;
         if let Some(f) = self.in_flight_slot.get_mut(usize::from(slot)) {
             if !*f {
@@ -465,6 +470,13 @@ impl DriverQueue {
         (!self.busy[self.buf(s)]).then_some(s)
     }
 
+    /// The buffer set of [`DriverQueue::slot_ahead`]`(k)`, if that is
+    /// free (for a caller that wants its [`DriverQueue::set_layout`]).
+    pub fn set_ahead(&self, k: u16) -> Option<usize> {
+        let b = self.buf(self.avail_idx.wrapping_add(k) % self.nslots);
+        (!self.busy[b]).then_some(b)
+    }
+
     /// Makes a plain cipher request available in `slot`, whose header, IV
     /// and src the caller has written; `iv_len` IV bytes, `len` = src = dst bytes.
     pub fn submit(&mut self, slot: u16, iv_len: u32, len: u32) {
@@ -477,8 +489,23 @@ impl DriverQueue {
     /// `virtio_crypto_alg_chain_data_vlf`. With `in_place` the dst
     /// descriptor points at src, as DPDK's guest driver does.
     pub fn submit_request(&mut self, slot: u16, iv_len: u32, len: u32, digest_len: u32, in_place: bool) {
+        self.submit_request_in(slot, self.buf(slot), iv_len, len, digest_len, in_place);
+    }
+
+    /// [`DriverQueue::submit_request`] for a caller that has `slot`'s
+    /// buffer set `b` (= [`DriverQueue::buf`]`(slot)`) at hand already.
+    #[inline(always)]
+    pub fn submit_request_in(
+        &mut self,
+        slot: u16,
+        b: usize,
+        iv_len: u32,
+        len: u32,
+        digest_len: u32,
+        in_place: bool,
+    ) {
+        debug_assert_eq!(b, self.buf(slot));
         let shape = Some((iv_len, len, digest_len, in_place));
-        let b = self.buf(slot);
         let unchanged = self.shape.get(b) == Some(&shape);
         if let Some(s) = self.shape.get_mut(b) {
             *s = shape;
@@ -491,7 +518,7 @@ impl DriverQueue {
             DescMode::Indirect if unchanged && self.head_shape.get(usize::from(slot)) == Some(&shape) => slot,
             _ => self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged),
         };
-        self.take_slot(slot);
+        self.take_slot_in(slot, b);
         let pos = self.ring_pos(self.avail_idx);
         self.mem
             .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
@@ -503,6 +530,7 @@ impl DriverQueue {
     /// the buffer set's table unless `unchanged` (it holds them already)
     /// and the slot's head descriptor, in chain mode the chain. Returns
     /// the head.
+    #[inline(never)]
     fn write_descs(&mut self, slot: u16, shape: (u32, u32, u32, bool), unchanged: bool) -> u16 {
         let (iv_len, len, digest_len, in_place) = shape;
         let l = self.layout(slot);
@@ -661,8 +689,11 @@ impl DriverQueue {
         let used_idx = self.mem.load_u16_acquire(self.used + 2);
         while self.last_used != used_idx {
             let pos = self.ring_pos(self.last_used);
-            let id = self.mem.read_u32(self.used + 4 + 8 * pos);
-            let len = self.mem.read_u32(self.used + 8 + 8 * pos);
+            // The element (le32 id, le32 len) in one read.
+            let mut e = [0u8; 8];
+            self.mem.read(self.used + 4 + 8 * pos, &mut e);
+            let e = u64::from_le_bytes(e);
+            let (id, len) = (e as u32, (e >> 32) as u32);
             // A used id that names no request in flight (a backend bug the
             // caller reports) frees nothing and leaves what is owed as it
             // was: the request it should have named times out.

@@ -135,6 +135,22 @@ impl GuestMem {
         }
     }
 
+    /// [`GuestMem::write_if_changed`] for an array whose length is a
+    /// multiple of 8 (a request header): compared 8 bytes at a time
+    /// inline rather than through a call to memcmp.
+    pub fn write_array_if_changed<const N: usize>(&self, gpa: u64, data: &[u8; N]) {
+        const { assert!(N % 8 == 0) };
+        let cur = self.view(gpa, N);
+        let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
+        let differ = cur
+            .chunks_exact(8)
+            .zip(data.chunks_exact(8))
+            .fold(0, |acc, (a, b)| acc | (word(a) ^ word(b)));
+        if differ != 0 {
+            self.write(gpa, data);
+        }
+    }
+
     /// The `len` bytes at `gpa`, in place. For a completed request's
     /// output: the backend wrote it before it put the request on the used
     /// ring and has no reason to write it again (if it did, only this

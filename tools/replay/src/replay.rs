@@ -99,6 +99,31 @@ fn request_header(req: &Req, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
     hdr
 }
 
+/// Everything [`request_header`] builds `req`'s header from but the
+/// session id, plus what the session id is looked up from (the session's
+/// name or the raw id): two requests of a run of requests with equal keys
+/// get the same header bytes (the names' ids do not change inside a run).
+type HeaderKey<'a> = (Option<&'a str>, Option<u64>, bool, Option<[u32; 5]>, usize, usize);
+
+fn header_key(req: &Req) -> HeaderKey<'_> {
+    (
+        req.session.as_deref(),
+        req.session_id,
+        req.opcode == Dir::Encrypt,
+        req.chain.as_ref().map(|c| {
+            [
+                c.cipher_offset,
+                c.cipher_len,
+                c.hash_offset,
+                c.hash_len,
+                c.digest_len,
+            ]
+        }),
+        req.iv.len(),
+        req.src.len(),
+    )
+}
+
 /// Status byte value before completion.
 pub const STATUS_CANARY: u8 = 0xFF;
 
@@ -224,6 +249,9 @@ struct Run<'a> {
     mems: &'a [std::sync::Arc<crate::guest_mem::GuestMem>],
     outcomes: Vec<(u64, Outcome)>,
     bar: Option<indicatif::ProgressBar>,
+    /// The completions [`Run::drain`] collects, kept between calls (one
+    /// allocation per run, not one per drain).
+    done: Vec<Used>,
 }
 
 fn cpu_seconds() -> f64 {
@@ -316,13 +344,13 @@ impl<'a> Run<'a> {
         let mem: &'a GuestMem = &self.mems[q];
         let dst = mem.view(if req.in_place { l.src } else { l.dst }, req.src.len());
         let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len as usize);
-        let mut digest = [0u8; DIGEST_AREA];
-        let digest = &mut digest[..digest_len.min(DIGEST_AREA)];
-        // (Plain cipher requests have no hash result: no call to copy
-        // nothing.)
-        if !digest.is_empty() {
-            mem.read(l.digest, digest);
-        }
+        // The hash result is compared where the backend wrote it too
+        // (plain cipher requests have none: no bytes, no bounds check).
+        let digest: &[u8] = if digest_len == 0 {
+            &[]
+        } else {
+            mem.view(l.digest, digest_len.min(DIGEST_AREA))
+        };
         // The status byte and, where the slot has room, the bytes after it
         // that must stay as this tool put them: one 8-byte load.
         let room = l.status + STATUS_AREA as u64 <= l.table;
@@ -513,6 +541,7 @@ impl<'a> Run<'a> {
 
     /// Starts loading what checking completion `u` reads: its output and
     /// status (written by the backend's CPU) and the expected output.
+    #[inline(always)]
     fn prefetch(&self, q: usize, u: Used) {
         let Some(Some((req, _, seq, _))) = self.inflight[q].get(usize::from(u.slot)) else {
             return;
@@ -534,7 +563,9 @@ impl<'a> Run<'a> {
     }
 
     fn drain(&mut self, q: usize, wait_all: bool) -> Result<(), Error> {
-        let mut done = Vec::with_capacity(64);
+        // (Taken out of `self` for the loop, put back at the end; after an
+        // error the next drain starts with a new one.)
+        let mut done = std::mem::take(&mut self.done);
         loop {
             self.fe.queues[q].publish_and_kick()?;
             done.clear();
@@ -549,18 +580,28 @@ impl<'a> Run<'a> {
                 self.check(q, u);
             }
             if !wait_all || self.fe.queues[q].in_flight() == 0 {
+                self.done = done;
                 return Ok(());
             }
         }
     }
 
-    fn requests(&mut self, reqs: &'a [Req], sigs: &'a [Vec<u32>], rr: &mut usize) -> Result<(), Error> {
+    fn requests(
+        &mut self,
+        reqs: &'a [Req],
+        sigs: &'a [Vec<u32>],
+        classes: &[u32],
+        rr: &mut usize,
+    ) -> Result<(), Error> {
         let nq = self.fe.queues.len();
         // Per run of requests, not per request (and in locals: the stores
         // into guest memory would make the compiler load them again).
         let depth = self.opts.queue_depth;
         let publish_every = PUBLISH_EVERY.min(depth / 4).max(1);
         let mut last_session: Option<(&str, u64)> = None;
+        // The last header built and its request's header key number
+        // (`classes`).
+        let mut last_hdr: Option<(u32, [u8; OP_DATA_REQ_SIZE])> = None;
         for (i, req) in reqs.iter().enumerate() {
             let sig = sigs.get(i).map_or(&[][..], Vec::as_slice);
             if let Some(next) = reqs.get(i + PREFETCH_AHEAD) {
@@ -593,8 +634,8 @@ impl<'a> Run<'a> {
                 // is that request only with one queue; with several it is a
                 // guess, and a hint either way.
                 let dq = &self.fe.queues[q];
-                if let Some(s) = dq.slot_ahead(PREFETCH_AHEAD as u16) {
-                    let l = dq.layout(s);
+                if let Some(b) = dq.set_ahead(PREFETCH_AHEAD as u16) {
+                    let l = dq.set_layout(b);
                     dq.mem().prefetch_write(l.src, next.src.len());
                     dq.mem().prefetch_write(l.iv, 1);
                 }
@@ -608,28 +649,38 @@ impl<'a> Run<'a> {
                 }
                 self.drain(q, false)?;
             };
-            let sid = match (&req.session, req.session_id) {
-                (_, Some(id)) => id,
-                // Consecutive requests mostly name the same session: look
-                // the name up only when it changes (sessions are not created
-                // or closed inside a run of requests).
-                (Some(name), None) => match &last_session {
-                    Some((n, id)) if n == name => *id,
-                    _ => {
-                        let id = self.ids.get(name).copied().unwrap_or(0) as u64;
-                        last_session = Some((name.as_str(), id));
-                        id
-                    }
-                },
-                (None, None) => 0,
+            // The header: the previous request's bytes when its header key
+            // is this one's (equal keys, equal headers: `header_key`).
+            let class = classes.get(i).copied();
+            let hdr = match last_hdr {
+                Some((c, h)) if Some(c) == class => h,
+                _ => {
+                    let sid = match (&req.session, req.session_id) {
+                        (_, Some(id)) => id,
+                        // Consecutive requests mostly name the same session:
+                        // look the name up only when it changes (sessions are
+                        // not created or closed inside a run of requests).
+                        (Some(name), None) => match &last_session {
+                            Some((n, id)) if n == name => *id,
+                            _ => {
+                                let id = self.ids.get(name).copied().unwrap_or(0) as u64;
+                                last_session = Some((name.as_str(), id));
+                                id
+                            }
+                        },
+                        (None, None) => 0,
+                    };
+                    let h = request_header(req, sid);
+                    last_hdr = class.map(|c| (c, h));
+                    h
+                }
             };
-            let hdr = request_header(req, sid);
             let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len);
             let dq = &mut self.fe.queues[q];
             let b = dq.buf(slot);
             let l = dq.set_layout(b);
             let mem = dq.mem();
-            mem.write_if_changed(l.hdr, &hdr);
+            mem.write_array_if_changed(l.hdr, &hdr);
             mem.write(l.iv, &req.iv);
             mem.write(l.src, &req.src);
             if let Some(g) = dst_guard(l, req) {
@@ -662,8 +713,9 @@ impl<'a> Run<'a> {
             } else {
                 mem.write(l.status, &[STATUS_CANARY]);
             }
-            dq.submit_request(
+            dq.submit_request_in(
                 slot,
+                b,
                 req.iv.len() as u32,
                 req.src.len() as u32,
                 digest_len,
@@ -777,6 +829,26 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
             _ => Vec::new(),
         })
         .collect();
+    // Per request, the number of its [`header_key`] (equal numbers, equal
+    // keys), made before the run: a request whose key is the previous
+    // request's reuses that request's header bytes instead of building
+    // them again.
+    let mut keys: HashMap<HeaderKey<'_>, u32> = HashMap::new();
+    let classes: Vec<Vec<u32>> = trace
+        .steps
+        .iter()
+        .map(|s| match s {
+            Step::Requests(v) => v
+                .iter()
+                .map(|r| {
+                    let n = keys.len() as u32;
+                    *keys.entry(header_key(r)).or_insert(n)
+                })
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    drop(keys);
     let mems: Vec<_> = fe.queues.iter().map(|q| q.mem_handle()).collect();
     let dst_known = fe
         .queues
@@ -796,6 +868,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         mems: &mems,
         outcomes: Vec::new(),
         bar,
+        done: Vec::with_capacity(usize::from(opts.queue_depth).max(64)),
     };
     let cpu0 = cpu_seconds();
     let mut busy = Duration::ZERO;
@@ -840,7 +913,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     }
                     Step::Requests(reqs) => {
                         let t = Instant::now();
-                        let done = run.requests(reqs, &sigs[si], &mut rr);
+                        let done = run.requests(reqs, &sigs[si], &classes[si], &mut rr);
                         busy += t.elapsed();
                         done?;
                     }
