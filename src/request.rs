@@ -489,8 +489,7 @@ fn gather(segs: &[Segment], offset: usize, buf: &mut [u8]) -> bool {
 /// not an `Option<[u8; N]>`: the IV's copy inside the option was re-read
 /// at other offsets, a store-forwarding stall that cost ~6 ns a request.)
 #[inline(always)]
-fn gather_array<const N: usize>(segs: &[Segment], offset: usize, out: &mut [u8; N]) -> bool {
-    let c = Cursor::new(segs, offset);
+fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> bool {
     let (p, n) = c.chunk();
     if n >= N && N % 8 == 0 && p as usize % 8 == 0 {
         // The guest may rewrite the field at any time: it is read once,
@@ -508,7 +507,8 @@ fn gather_array<const N: usize>(segs: &[Segment], offset: usize, out: &mut [u8; 
         }
         return true;
     }
-    Cursor::new(segs, offset).read(out) == N
+    let mut c = c;
+    c.read(out) == N
 }
 
 /// Writes `data` into a segment stream at `off` (the caller has checked
@@ -518,6 +518,7 @@ fn scatter(segs: &[Segment], off: usize, data: &[u8]) {
 }
 
 /// Position in a segment stream.
+#[derive(Clone, Copy)]
 struct Cursor<'a> {
     segs: &'a [Segment],
     idx: usize,
@@ -525,6 +526,12 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    /// The start of the stream (no segment is empty: zero-length
+    /// descriptors are skipped, see [`ChainWalker::add_buffer`]).
+    fn start(segs: &'a [Segment]) -> Self {
+        Cursor { segs, idx: 0, off: 0 }
+    }
+
     fn new(segs: &'a [Segment], mut offset: usize) -> Self {
         let mut idx = 0;
         while idx < segs.len() && offset >= segs[idx].len {
@@ -547,6 +554,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    #[inline(always)]
     fn advance(&mut self, mut n: usize) {
         while n > 0 && self.idx < self.segs.len() {
             let left = self.segs[self.idx].len - self.off;
@@ -758,8 +766,8 @@ pub fn prepare<'s>(
         return Prepared::Done(run_chain(w, &v, chain));
     }
     if allow_lane && v.direction == Direction::Encrypt {
-        let (sp, sl) = Cursor::new(&w.readable, src_off).chunk();
-        let (dp, dl) = Cursor::new(&w.writable, 0).chunk();
+        let (sp, sl) = v.src.chunk();
+        let (dp, dl) = Cursor::start(&w.writable).chunk();
         let disjoint = (sp as usize).saturating_add(v.len) <= dp as usize
             || (dp as usize).saturating_add(v.len) <= sp as usize;
         if let (true, Some(status)) = (sl >= v.len && dl >= v.len && (sp == dp || disjoint), w.status) {
@@ -933,13 +941,15 @@ fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
 }
 
 /// A request that passed every check.
-struct Valid<'s> {
+struct Valid<'w, 's> {
     key: &'s AesCbcKey,
     direction: Direction,
     iv: [u8; 16],
     /// `src_data_len` = `dst_data_len`.
     len: usize,
     chain: Option<Chain<'s>>,
+    /// Where src starts in the readable stream (after header and IV).
+    src: Cursor<'w>,
 }
 
 /// The validated chaining part of a request: every range lies inside src
@@ -953,13 +963,18 @@ struct Chain<'s> {
     digest_len: usize,
 }
 
-fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) -> Result<Valid<'s>, Status> {
+fn validate<'w, 's>(
+    w: &'w ChainWalker,
+    sessions: &'s Sessions,
+    limits: RequestLimits,
+) -> Result<Valid<'w, 's>, Status> {
     // 1. Header readable: copied out once, everything below uses the copy.
     if w.status.is_none() {
         return Err(Status::Err);
     }
     let mut raw = [0u8; OP_DATA_REQ_SIZE];
-    if !gather_array(&w.readable, 0, &mut raw) {
+    let mut at = Cursor::start(&w.readable);
+    if !gather_array(at, &mut raw) {
         return Err(Status::Err);
     }
     let h = OpDataReq::from_bytes(&raw);
@@ -1020,15 +1035,18 @@ fn validate<'s>(w: &ChainWalker, sessions: &'s Sessions, limits: RequestLimits) 
         return Err(Status::Err);
     }
     let mut iv = [0u8; 16];
-    if !gather_array(&w.readable, OP_DATA_REQ_SIZE, &mut iv) {
+    at.advance(OP_DATA_REQ_SIZE);
+    if !gather_array(at, &mut iv) {
         return Err(Status::Err);
     }
+    at.advance(IV_LEN as usize);
     Ok(Valid {
         key: &session.key,
         direction,
         iv,
         len: len as usize,
         chain,
+        src: at,
     })
 }
 
@@ -1074,7 +1092,7 @@ fn check_chain<'s>(p: &AlgChainPara, mac: &'s MacKey, src_len: u64) -> Result<Ch
 /// dst bytes outside the cipher range carry the src bytes. Used length on
 /// success is `dst_data_len + hash_result_len + 1` in both directions
 /// (DPDK's convention); 1 on a digest mismatch.
-fn run_chain(w: &ChainWalker, v: &Valid<'_>, c: &Chain<'_>) -> Completion {
+fn run_chain(w: &ChainWalker, v: &Valid<'_, '_>, c: &Chain<'_>) -> Completion {
     let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
     let mut digest = [0u8; MAX_MAC_LEN];
     let digest = &mut digest[..c.digest_len];
