@@ -56,6 +56,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
+use std::num::NonZeroU16;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -227,10 +228,12 @@ pub struct DriverQueue {
     call: EventFd,
     slots_base: u64,
     slot_size: usize,
-    nslots: u16,
+    /// (Non-zero, [`FrontendConfig::validate`]: as a divisor it needs no
+    /// zero test.)
+    nslots: NonZeroU16,
     /// Buffer sets (header, IV, src, dst, status, indirect table): slot s
     /// uses set `s % nbufs` (see [`DriverQueue::layout`]).
-    nbufs: u16,
+    nbufs: NonZeroU16,
     /// Per buffer set: in use by a request in flight.
     busy: Vec<bool>,
     /// Per slot: a request is in flight there (a used element naming
@@ -296,6 +299,12 @@ pub struct Used {
     pub id: u32,
 }
 
+/// A slot or buffer set count as a divisor; [`FrontendConfig::validate`]
+/// has made sure it is not 0 (a queue depth of at least 1 fits).
+fn nonzero(n: u16) -> Result<NonZeroU16, Error> {
+    NonZeroU16::new(n).ok_or_else(|| Error::Options("no request slots".into()))
+}
+
 fn align(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
@@ -338,7 +347,7 @@ impl DriverQueue {
 
     /// Number of buffer sets.
     pub fn buffer_sets(&self) -> u16 {
-        self.nbufs
+        self.nbufs.get()
     }
 
     /// Guest addresses of slot `slot`'s buffers. With indirect tables the
@@ -407,7 +416,7 @@ impl DriverQueue {
 
     /// Number of request slots (the most requests in flight).
     pub fn slots(&self) -> u16 {
-        self.nslots
+        self.nslots.get()
     }
 
     /// Requests made available but not yet published to the backend.
@@ -463,6 +472,14 @@ impl DriverQueue {
         self.slot_ahead(0)
     }
 
+    /// [`DriverQueue::next_slot`] and its buffer set
+    /// ([`DriverQueue::buf`]), for a caller that needs both.
+    pub fn next_slot_set(&self) -> Option<(u16, usize)> {
+        let s = self.avail_idx % self.nslots;
+        let b = self.buf(s);
+        (!self.busy[b]).then_some((s, b))
+    }
+
     /// The slot the request `k` places after the next one will use, if its
     /// buffer set is free now (for prefetching).
     pub fn slot_ahead(&self, k: u16) -> Option<u16> {
@@ -473,7 +490,11 @@ impl DriverQueue {
     /// The buffer set of [`DriverQueue::slot_ahead`]`(k)`, if that is
     /// free (for a caller that wants its [`DriverQueue::set_layout`]).
     pub fn set_ahead(&self, k: u16) -> Option<usize> {
-        let b = self.buf(self.avail_idx.wrapping_add(k) % self.nslots);
+        // `buf(x % nslots)` is `x % nbufs`, one division: the set count
+        // divides the slot count (a power of two no larger than the
+        // slots' power of two with indirect tables, equal with direct
+        // chains; checked where the queue is set up).
+        let b = usize::from(self.avail_idx.wrapping_add(k) % self.nbufs);
         (!self.busy[b]).then_some(b)
     }
 
@@ -687,8 +708,11 @@ impl DriverQueue {
     /// without waiting.
     pub fn try_reap(&mut self, out: &mut Vec<Used>) {
         let used_idx = self.mem.load_u16_acquire(self.used + 2);
-        while self.last_used != used_idx {
-            let pos = self.ring_pos(self.last_used);
+        // The next used index in a local, stored once after the loop
+        // (nothing in the loop reads `self.last_used`).
+        let mut next = self.last_used;
+        while next != used_idx {
+            let pos = self.ring_pos(next);
             // The element (le32 id, le32 len) in one read.
             let mut e = [0u8; 8];
             self.mem.read(self.used + 4 + 8 * pos, &mut e);
@@ -708,8 +732,9 @@ impl DriverQueue {
                 None => NO_SLOT,
             };
             out.push(Used { slot, len, id });
-            self.last_used = self.last_used.wrapping_add(1);
+            next = next.wrapping_add(1);
         }
+        self.last_used = next;
     }
 
     /// Makes a raw request available in `slot`, its descriptors written
@@ -894,6 +919,8 @@ impl CryptoFrontend {
             DescMode::Indirect => cfg.queue_depth.next_power_of_two().min(nslots),
             DescMode::Chain => nslots,
         };
+        // DriverQueue::set_ahead relies on this.
+        assert!(nbufs > 0 && nslots % nbufs == 0, "buffer sets divide the slots");
         let ssize = slot_size(cfg.max_payload, cfg.max_iv);
         let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nbufs) * ssize as u64, RING_AREA_ALIGN);
         let need = (u64::from(cfg.queues) * per_queue + RING_AREA_ALIGN) as usize;
@@ -944,8 +971,8 @@ impl CryptoFrontend {
                 call,
                 slots_base,
                 slot_size: ssize,
-                nslots,
-                nbufs,
+                nslots: nonzero(nslots)?,
+                nbufs: nonzero(nbufs)?,
                 busy: vec![false; usize::from(nbufs)],
                 in_flight_slot: vec![false; usize::from(nslots)],
                 outstanding: 0,

@@ -178,6 +178,20 @@ impl GuestMem {
         }
     }
 
+    /// [`GuestMem::prefetch`] of the one byte at `gpa`: its cache line,
+    /// without the line loop.
+    pub fn prefetch_byte(&self, gpa: u64) {
+        let off = self.check(gpa, 1);
+        vhost_user_crypto::request::prefetch_read(self.ptr.wrapping_add(off));
+    }
+
+    /// [`GuestMem::prefetch_write`] of the one byte at `gpa`: its cache
+    /// line, without the line loop.
+    pub fn prefetch_write_byte(&self, gpa: u64) {
+        let off = self.check(gpa, 1);
+        vhost_user_crypto::request::prefetch_write(self.ptr.wrapping_add(off));
+    }
+
     /// Host addresses of the cache lines the `len` bytes at `gpa` touch
     /// (at most [`PREFETCH_MAX`] bytes of them; checked to be in range).
     fn lines(&self, gpa: u64, len: usize) -> impl Iterator<Item = usize> {

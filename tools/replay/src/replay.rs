@@ -549,7 +549,7 @@ impl<'a> Run<'a> {
         let l = self.fe.queues[q].layout(u.slot);
         let mem = &self.mems[q];
         mem.prefetch(if req.in_place { l.src } else { l.dst }, req.src.len());
-        mem.prefetch(l.status, 1);
+        mem.prefetch_byte(l.status);
         if src_checked(*seq) {
             mem.prefetch(l.hdr, OP_DATA_REQ_SIZE);
             if !req.in_place {
@@ -600,8 +600,12 @@ impl<'a> Run<'a> {
         let publish_every = PUBLISH_EVERY.min(depth / 4).max(1);
         let mut last_session: Option<(&str, u64)> = None;
         // The last header built and its request's header key number
-        // (`classes`).
-        let mut last_hdr: Option<(u32, [u8; OP_DATA_REQ_SIZE])> = None;
+        // (`classes`; None: no header built yet, or its request had no key
+        // number).
+        // Kept in place and compared with guest memory from there (not
+        // copied out per request).
+        let mut hdr = [0u8; OP_DATA_REQ_SIZE];
+        let mut hdr_class: Option<u32> = None;
         for (i, req) in reqs.iter().enumerate() {
             let sig = sigs.get(i).map_or(&[][..], Vec::as_slice);
             if let Some(next) = reqs.get(i + PREFETCH_AHEAD) {
@@ -637,14 +641,14 @@ impl<'a> Run<'a> {
                 if let Some(b) = dq.set_ahead(PREFETCH_AHEAD as u16) {
                     let l = dq.set_layout(b);
                     dq.mem().prefetch_write(l.src, next.src.len());
-                    dq.mem().prefetch_write(l.iv, 1);
+                    dq.mem().prefetch_write_byte(l.iv);
                 }
             }
-            let slot = loop {
+            let (slot, b) = loop {
                 let dq = &self.fe.queues[q];
                 if dq.in_flight() < depth {
-                    if let Some(s) = dq.next_slot() {
-                        break s;
+                    if let Some(sb) = dq.next_slot_set() {
+                        break sb;
                     }
                 }
                 self.drain(q, false)?;
@@ -652,8 +656,8 @@ impl<'a> Run<'a> {
             // The header: the previous request's bytes when its header key
             // is this one's (equal keys, equal headers: `header_key`).
             let class = classes.get(i).copied();
-            let hdr = match last_hdr {
-                Some((c, h)) if Some(c) == class => h,
+            match hdr_class {
+                Some(c) if Some(c) == class => {}
                 _ => {
                     let sid = match (&req.session, req.session_id) {
                         (_, Some(id)) => id,
@@ -670,14 +674,12 @@ impl<'a> Run<'a> {
                         },
                         (None, None) => 0,
                     };
-                    let h = request_header(req, sid);
-                    last_hdr = class.map(|c| (c, h));
-                    h
+                    hdr = request_header(req, sid);
+                    hdr_class = class;
                 }
-            };
+            }
             let digest_len = req.chain.as_ref().map_or(0, |c| c.digest_len);
             let dq = &mut self.fe.queues[q];
-            let b = dq.buf(slot);
             let l = dq.set_layout(b);
             let mem = dq.mem();
             mem.write_array_if_changed(l.hdr, &hdr);
@@ -725,7 +727,9 @@ impl<'a> Run<'a> {
             self.seq += 1;
             let t0 = (seq % LATENCY_SAMPLE == 0).then(Instant::now);
             self.inflight[q][usize::from(slot)] = Some((req, t0, seq, sig));
-            if dq.next_slot().is_none() || dq.in_flight() >= depth {
+            // (set_ahead(0) is None exactly when next_slot() is: the
+            // next slot's buffer set is busy.)
+            if dq.set_ahead(0).is_none() || dq.in_flight() >= depth {
                 self.drain(q, false)?;
             } else if dq.unpublished() >= publish_every {
                 // Hand requests over in groups rather than only when the
