@@ -38,16 +38,20 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 SOCK=$TMP/vuc.sock
+# Enough requests to outlast the recording (guess: 4 GB/s, at most 12 M
+# requests/s; the fastest 256-byte runs here reach 10 M).
+WANT=$(( (SECS + 3) * 4000000000 / SIZE )); [ "$WANT" -le $(( (SECS + 2) * 12000000 )) ] || WANT=$(( (SECS + 2) * 12000000 ))
+# A trace of CHUNK requests replayed REPEAT times. Each repeat creates its
+# session again (the daemon allows 1024 live sessions per connection), so
+# at most 1000 repeats: a longer run gets a longer trace.
 CHUNK=$(( 5000000 / SIZE )); [ "$CHUNK" -le 20000 ] || CHUNK=20000
+REPEAT=$(( (WANT + CHUNK - 1) / CHUNK ))
+if [ "$REPEAT" -gt 1000 ]; then CHUNK=$(( (WANT + 999) / 1000 )); REPEAT=1000; fi
 printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"2b7e151628aed2a6abf7158809cf4f3c","direction":"encrypt"}\n{"op":"generate","session":"s1","opcode":"encrypt","size":%d,"count":%d,"seed":1}\n' \
     "$SIZE" "$CHUNK" >"$TMP/t.jsonl"
 taskset -c 1 target/release/vhost-user-crypto --socket-path "$SOCK" >"$TMP/daemon.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
-# Enough requests to outlast the recording (guess: 1 GB/s, at most 4 M
-# requests/s; the fastest runs here reach 8 M, and then end early).
-WANT=$(( (SECS + 3) * 1000000000 / SIZE )); [ "$WANT" -le $(( (SECS + 2) * 4000000 )) ] || WANT=$(( (SECS + 2) * 4000000 ))
-REPEAT=$(( (WANT + CHUNK - 1) / CHUNK ))
 taskset -c 0 target/release/vhost-crypto-replay --socket "$SOCK" --json --queue-size 1024 \
     --queue-depth "$DEPTH" --repeat "$REPEAT" --timeout 30 "$TMP/t.jsonl" >"$TMP/replay.json" &
 REPLAY_PID=$!
