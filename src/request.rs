@@ -529,6 +529,7 @@ impl<'a> Cursor<'a> {
     /// The start of the stream (no segment is empty: zero-length
     /// descriptors are skipped, see [`ChainWalker::add_buffer`]).
     fn start(segs: &'a [Segment]) -> Self {
+        debug_assert!(segs.first().is_none_or(|s| s.len > 0), "an empty segment");
         Cursor { segs, idx: 0, off: 0 }
     }
 
