@@ -266,3 +266,33 @@ fn a_backend_that_never_answers_the_handshake_is_an_error_after_the_control_time
         "gave up after {took:?}"
     );
 }
+
+#[test]
+fn a_long_repeat_closes_each_pass_sessions_before_creating_them_again() {
+    // Each pass creates the trace's session again. Without the close before
+    // the next pass, the daemon's 1,024 live sessions per connection ran
+    // out: from pass 1,025 on, CREATE answered a negative id (a mismatch
+    // each) and requests named a closed-over id.
+    let daemon = spawn_daemon(&[]);
+    let t = Trace::parse(
+        &br#"{"op":"create_session","name":"s","algo":"aes-cbc","key":"2b7e151628aed2a6abf7158809cf4f3c","direction":"encrypt"}
+{"op":"request","session":"s","opcode":"encrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"6bc1bee22e409f96e93d7e117393172a","expect":{"status":"ok","dst":"7649abac8119b246cee98e9b12e9197d"}}
+"#[..],
+    )
+    .unwrap();
+    let mut fe = CryptoFrontend::connect(&daemon.sock, &one_queue(256, 16)).unwrap();
+    let opts = ReplayOptions {
+        repeat: 1_100,
+        queue_depth: 1,
+        timeout: Duration::from_secs(10),
+        progress: false,
+        record: false,
+    };
+    let r = replay(&mut fe, &t, &opts).unwrap();
+    assert_eq!(
+        (r.mismatches, r.requests, r.sessions_created),
+        (0, 1_100, 1_100),
+        "{:?}",
+        r.first_mismatches
+    );
+}

@@ -41,9 +41,9 @@ SOCK=$TMP/vuc.sock
 # Enough requests to outlast the recording (guess: 4 GB/s, at most 12 M
 # requests/s; the fastest 256-byte runs here reach 10 M).
 WANT=$(( (SECS + 3) * 4000000000 / SIZE )); [ "$WANT" -le $(( (SECS + 2) * 12000000 )) ] || WANT=$(( (SECS + 2) * 12000000 ))
-# A trace of CHUNK requests replayed REPEAT times. Each repeat creates its
-# session again (the daemon allows 1024 live sessions per connection), so
-# at most 1000 repeats: a longer run gets a longer trace.
+# A trace of CHUNK requests replayed REPEAT times, at most 1000 (a longer
+# run gets a longer trace; each repeat closes and creates its session
+# again).
 CHUNK=$(( 5000000 / SIZE )); [ "$CHUNK" -le 20000 ] || CHUNK=20000
 REPEAT=$(( (WANT + CHUNK - 1) / CHUNK ))
 if [ "$REPEAT" -gt 1000 ]; then CHUNK=$(( (WANT + 999) / 1000 )); REPEAT=1000; fi

@@ -234,6 +234,9 @@ struct Run<'a> {
     opts: &'a ReplayOptions,
     report: Report,
     ids: HashMap<String, i64>,
+    /// Sessions created in this pass over the trace and not closed by it
+    /// (closed before the next pass: see [`replay`]).
+    live: Vec<u64>,
     latencies: Vec<u32>,
     inflight: Vec<Vec<Option<InFlight<'a>>>>,
     /// Per queue and buffer set: the block signature of the output its dst
@@ -312,6 +315,7 @@ impl<'a> Run<'a> {
         }
         if id > 0 {
             self.ids.insert(name.to_string(), id);
+            self.live.push(id as u64);
         }
         Ok(())
     }
@@ -864,6 +868,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         opts,
         report: Report::default(),
         ids: HashMap::new(),
+        live: Vec::new(),
         latencies: Vec::with_capacity(total.min(50_000_000) as usize),
         inflight: slots,
         dst_known,
@@ -878,7 +883,21 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     let mut busy = Duration::ZERO;
     let mut rr = 0usize;
     let mut failure = None;
-    'run: for _ in 0..opts.repeat {
+    'run: for pass in 0..opts.repeat {
+        // Every pass creates the trace's sessions again: the previous
+        // pass's (those the trace did not close itself, with no request of
+        // theirs in flight: each run of requests ends drained) are closed
+        // first, as a driver closes the sessions it no longer uses, or a
+        // long --repeat would run into the backend's limit of live
+        // sessions (1,024 per connection for ours, --max-sessions).
+        if pass > 0 {
+            for id in std::mem::take(&mut run.live) {
+                if let Err(e) = run.fe.close_session(id) {
+                    failure = Some((e, false));
+                    break 'run;
+                }
+            }
+        }
         for (si, step) in trace.steps.iter().enumerate() {
             let done = (|| -> Result<(), Error> {
                 match step {
@@ -913,6 +932,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     Step::Close { name, .. } => {
                         if let Some(&id) = run.ids.get(name) {
                             run.fe.close_session(id as u64)?;
+                            run.live.retain(|&l| l != id as u64);
                         }
                     }
                     Step::Requests(reqs) => {
