@@ -399,12 +399,27 @@ fn run_with(
         desc_mode: mode,
         dpdk: false,
     };
+    let (mut fe, stop) = connect_fake(&cfg, faults);
+    let opts = ReplayOptions {
+        repeat,
+        queue_depth: 8,
+        timeout: Duration::from_secs(2),
+        progress: false,
+        record: false,
+    };
+    within_limit(stop, move || replay(&mut fe, &t, &opts).unwrap())
+}
+
+/// A frontend connected to the fake backend, with `cfg` and queue q
+/// served with `faults[q]`, and the flag that stops the fake's ring
+/// threads.
+fn connect_fake(cfg: &FrontendConfig, faults: &[Fault]) -> (CryptoFrontend, Arc<AtomicBool>) {
     let (a, b) = UnixStream::pair().unwrap();
     let sessions: Sessions = Arc::default();
     let calls: Calls = Arc::default();
     let (s2, c2) = (sessions.clone(), calls.clone());
     std::thread::spawn(move || serve_messages(b, s2, c2));
-    let mut fe = CryptoFrontend::from_stream(a, &cfg).unwrap();
+    let fe = CryptoFrontend::from_stream(a, cfg).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     for (q, &fault) in faults.iter().enumerate() {
         let r = fe.queues[q].ring_addrs();
@@ -417,22 +432,24 @@ fn run_with(
             serve_ring(mem, r.size, r.desc, r.avail, r.used, sessions, fault, st, call)
         });
     }
+    (fe, stop)
+}
+
+/// Runs `run` (a replay or soak against the fake) on a thread of its own;
+/// its result, or `None` if it did not return within 60 s; then stops the
+/// fake's ring threads (`stop`). (The fake signals the call eventfd after
+/// every used element, so the tool never sleeps out its 100 ms poll: the
+/// longest runs here, 6,000 requests, take well under a second; the faulty
+/// ones that never complete a request end at the tool's 2 s timeout; the
+/// limit here is only reached by a run that hangs.)
+fn within_limit<T: Send + 'static>(
+    stop: Arc<AtomicBool>,
+    run: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        let opts = ReplayOptions {
-            repeat,
-            queue_depth: 8,
-            timeout: Duration::from_secs(2),
-            progress: false,
-            record: false,
-        };
-        let _ = tx.send(replay(&mut fe, &t, &opts).unwrap());
+        let _ = tx.send(run());
     });
-    // (The fake signals the call eventfd after every used element, so the
-    // tool never sleeps out its 100 ms poll: the longest runs here, 6,000
-    // requests, take well under a second; the faulty ones that never
-    // complete a request end at the 2 s --timeout; the limit here is only
-    // reached by a run that hangs.)
     let rep = rx.recv_timeout(Duration::from_secs(60)).ok();
     stop.store(true, Ordering::Relaxed);
     rep
@@ -643,32 +660,8 @@ fn soak_with(fault: Fault, count: u64, max_size: usize, layouts: Layouts) -> Opt
         timeout: Duration::from_secs(2),
         progress: false,
     };
-    let cfg = o.frontend_config(2, SessionAbi::C);
-    let (a, b) = UnixStream::pair().unwrap();
-    let sessions: Sessions = Arc::default();
-    let calls: Calls = Arc::default();
-    let (s2, c2) = (sessions.clone(), calls.clone());
-    std::thread::spawn(move || serve_messages(b, s2, c2));
-    let mut fe = CryptoFrontend::from_stream(a, &cfg).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    for q in 0..2 {
-        let r = fe.queues[q].ring_addrs();
-        let (mem, st, sessions) = (fe.queues[q].mem_handle(), stop.clone(), sessions.clone());
-        let call = Call {
-            calls: calls.clone(),
-            q: q as u64,
-        };
-        std::thread::spawn(move || {
-            serve_ring(mem, r.size, r.desc, r.avail, r.used, sessions, fault, st, call)
-        });
-    }
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(soak(&mut fe, &o, None).unwrap());
-    });
-    let rep = rx.recv_timeout(Duration::from_secs(60)).ok();
-    stop.store(true, Ordering::Relaxed);
-    rep
+    let (mut fe, stop) = connect_fake(&o.frontend_config(2, SessionAbi::C), &[fault, fault]);
+    within_limit(stop, move || soak(&mut fe, &o, None).unwrap())
 }
 
 fn assert_soak_caught(fault: Fault, max_size: usize) {
