@@ -742,11 +742,13 @@ impl DriverQueue {
     /// table (at most [`MAX_RAW_DESCS`]), or, on a queue in chain mode, as a
     /// direct chain in the slot's block of the ring's table (at most
     /// [`DESCS_PER_REQUEST`]; `next` values are then offset by the block's
-    /// first index, so they stay relative to the request).
+    /// first index, so they stay relative to the request). Returns the
+    /// head descriptor's index in the ring's table (the used id the
+    /// request must come back with).
     ///
     /// # Errors
     /// Too many descriptors, or a direct chain on a queue in indirect mode.
-    pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<(), String> {
+    pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<u16, String> {
         let b = self.buf(slot);
         if let Some(s) = self.shape.get_mut(b) {
             *s = None;
@@ -800,7 +802,7 @@ impl DriverQueue {
         let pos = self.ring_pos(self.avail_idx);
         self.mem.write_u16(self.avail + 4 + 2 * pos, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
-        Ok(())
+        Ok(head)
     }
 
     /// The ring position of avail or used index `idx`: `idx % size`, as

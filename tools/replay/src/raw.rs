@@ -37,11 +37,11 @@ use vhost_user_crypto::wire::OpDataReq;
 
 use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
 use crate::replay::{DST_CANARY, STATUS_CANARY};
+use crate::trace::{hex, unhex, ExpectStatus};
 
 /// What the scratch bytes no descriptor puts data in hold while a raw
 /// request runs.
 const SCRATCH_CANARY: u8 = 0x3C;
-use crate::trace::{hex, unhex, ExpectStatus};
 
 /// Header fields of a raw request.
 #[derive(Debug, Clone, Serialize, Deserialize)]

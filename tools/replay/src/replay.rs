@@ -69,6 +69,40 @@ fn dst_guard(l: SlotLayout, req: &Req) -> Option<u64> {
 const STATUS_AREA: usize = 8;
 const STATUS_AREA_PUT: [u8; STATUS_AREA] = [STATUS_CANARY, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A];
 
+/// Whether slot `l` has room for the whole status area before its
+/// descriptor table.
+fn status_area_fits(l: SlotLayout) -> bool {
+    l.status + STATUS_AREA as u64 <= l.table
+}
+
+/// Puts the status canary in slot `l`'s status byte and, where the slot
+/// has room, the guard bytes after it ([`STATUS_AREA_PUT`]); see
+/// [`status_and_guard`].
+pub(crate) fn put_status_area(mem: &GuestMem, l: SlotLayout) {
+    if status_area_fits(l) {
+        mem.write(l.status, &STATUS_AREA_PUT);
+    } else {
+        mem.write(l.status, &[STATUS_CANARY]);
+    }
+}
+
+/// Slot `l`'s status byte, and whether the bytes after it are as
+/// [`put_status_area`] put them (true where it put none): one 8-byte load.
+pub(crate) fn status_and_guard(mem: &GuestMem, l: SlotLayout) -> (u8, bool) {
+    let area = if status_area_fits(l) {
+        mem.view(l.status, STATUS_AREA)
+    } else {
+        &[]
+    };
+    match <[u8; STATUS_AREA]>::try_from(area) {
+        Ok(w) => {
+            let w = u64::from_le_bytes(w);
+            (w as u8, w >> 8 == u64::from_le_bytes(STATUS_AREA_PUT) >> 8)
+        }
+        Err(_) => (mem.read_u8(l.status), true),
+    }
+}
+
 /// The request header (`virtio_crypto_op_data_req`) this tool puts in
 /// front of `req`, for session `sid`.
 fn request_header(req: &Req, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
@@ -320,6 +354,16 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
+    /// The session id `req`'s header names: its raw id, or the id its
+    /// session's name got (0 for a name with none).
+    fn session_id(&self, req: &Req) -> u64 {
+        match (&req.session, req.session_id) {
+            (_, Some(id)) => id,
+            (Some(name), None) => self.ids.get(name).copied().unwrap_or(0) as u64,
+            (None, None) => 0,
+        }
+    }
+
     fn check(&mut self, q: usize, u: Used) {
         let Some((req, t0, seq, sig)) = self.inflight[q]
             .get_mut(usize::from(u.slot))
@@ -356,19 +400,8 @@ impl<'a> Run<'a> {
             mem.view(l.digest, digest_len.min(DIGEST_AREA))
         };
         // The status byte and, where the slot has room, the bytes after it
-        // that must stay as this tool put them: one 8-byte load.
-        let room = l.status + STATUS_AREA as u64 <= l.table;
-        let (status, after_status_ok) = match <[u8; STATUS_AREA]>::try_from(if room {
-            mem.view(l.status, STATUS_AREA)
-        } else {
-            &[]
-        }) {
-            Ok(w) => {
-                let w = u64::from_le_bytes(w);
-                (w as u8, w >> 8 == u64::from_le_bytes(STATUS_AREA_PUT) >> 8)
-            }
-            Err(_) => (mem.read_u8(l.status), true),
-        };
+        // that must stay as this tool put them.
+        let (status, after_status_ok) = status_and_guard(mem, l);
         let before = self.report.mismatches;
         self.check_outcome(req, seq, u, status, dst, digest);
         self.check_untouched(req, seq, mem, l, digest_len, after_status_ok);
@@ -407,12 +440,7 @@ impl<'a> Run<'a> {
             }
             // The header as it was put there (the session names' ids do
             // not change inside a run of requests).
-            let sid = match (&req.session, req.session_id) {
-                (_, Some(id)) => id,
-                (Some(name), None) => self.ids.get(name).copied().unwrap_or(0) as u64,
-                (None, None) => 0,
-            };
-            let want = request_header(req, sid);
+            let want = request_header(req, self.session_id(req));
             if mem.view(l.hdr, OP_DATA_REQ_SIZE) != want.as_slice() {
                 self.mismatch(
                     req.line,
@@ -602,7 +630,6 @@ impl<'a> Run<'a> {
         // into guest memory would make the compiler load them again).
         let depth = self.opts.queue_depth;
         let publish_every = PUBLISH_EVERY.min(depth / 4).max(1);
-        let mut last_session: Option<(&str, u64)> = None;
         // The last header built and its request's header key number
         // (`classes`; None: no header built yet, or its request had no key
         // number).
@@ -663,22 +690,7 @@ impl<'a> Run<'a> {
             match hdr_class {
                 Some(c) if Some(c) == class => {}
                 _ => {
-                    let sid = match (&req.session, req.session_id) {
-                        (_, Some(id)) => id,
-                        // Consecutive requests mostly name the same session:
-                        // look the name up only when it changes (sessions are
-                        // not created or closed inside a run of requests).
-                        (Some(name), None) => match &last_session {
-                            Some((n, id)) if n == name => *id,
-                            _ => {
-                                let id = self.ids.get(name).copied().unwrap_or(0) as u64;
-                                last_session = Some((name.as_str(), id));
-                                id
-                            }
-                        },
-                        (None, None) => 0,
-                    };
-                    hdr = request_header(req, sid);
+                    hdr = request_header(req, self.session_id(req));
                     hdr_class = class;
                 }
             }
@@ -714,11 +726,7 @@ impl<'a> Run<'a> {
                 mem.write(l.digest, &c.digest_in[..n]);
                 mem.fill(l.digest + n as u64, DIGEST_AREA - n, DST_CANARY);
             }
-            if l.status + STATUS_AREA as u64 <= l.table {
-                mem.write(l.status, &STATUS_AREA_PUT);
-            } else {
-                mem.write(l.status, &[STATUS_CANARY]);
-            }
+            put_status_area(mem, l);
             dq.submit_request_in(
                 slot,
                 b,

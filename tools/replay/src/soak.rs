@@ -44,12 +44,11 @@ use zeroize::Zeroizing;
 use crate::frontend::{
     CryptoFrontend, DescMode, Error, FrontendConfig, SlotLayout, Used, DESCS_PER_REQUEST, MAX_RAW_DESCS,
 };
+use crate::replay::{put_status_area, status_and_guard};
 use crate::trace::{ExpectStatus, Rng};
 
 /// Written over each output buffer (and the 16 bytes after it) before submission.
 pub const DST_CANARY: u8 = 0x5A;
-/// Status byte before completion.
-pub const STATUS_CANARY: u8 = 0xFF;
 const OK: u8 = 0;
 const INVSESS: u8 = 4;
 /// Canary bytes between the pieces of a cut dst (so a device that writes
@@ -60,13 +59,8 @@ const DST_GAP: u32 = 16;
 const MAX_DST_PIECES: usize = 8;
 /// Room in a slot's dst area past `max_size`: the gaps and the tail.
 const DST_SLACK: usize = DST_GAP as usize * MAX_DST_PIECES;
-/// Guard bytes written after the status byte (checked afterwards: the
-/// device writes one byte).
-const STATUS_GUARD: [u8; 8] = [STATUS_CANARY, 0xC3, 0xC3, 0xC3, 0xC3, 0xC3, 0xC3, 0xC3];
 const MAX_REPORTED: usize = 10;
 
-/// Where a soak request's contiguous readable stream (header, IV, src)
-/// starts: 88 bytes before the slot's src, inside the slot's header area.
 /// The header of a soak request: a plain cipher request of `len` bytes
 /// (IV 16 bytes, dst as long as src) in session `sid`.
 fn request_header(dir: Direction, sid: u64, len: u32) -> [u8; OP_DATA_REQ_SIZE] {
@@ -85,6 +79,8 @@ fn request_header(dir: Direction, sid: u64, len: u32) -> [u8; OP_DATA_REQ_SIZE] 
     .to_bytes()
 }
 
+/// Where a soak request's contiguous readable stream (header, IV, src)
+/// starts: 88 bytes before the slot's src, inside the slot's header area.
 fn readable_start(l: SlotLayout) -> u64 {
     debug_assert!(l.src - l.hdr >= 88);
     l.src - 88
@@ -533,13 +529,6 @@ impl Soak<'_, '_> {
         }
     }
 
-    fn head(&self, q: usize, slot: u16) -> u32 {
-        match self.fe.queues[q].desc_mode() {
-            DescMode::Indirect => u32::from(slot),
-            DescMode::Chain => u32::from(slot) * u32::from(DESCS_PER_REQUEST),
-        }
-    }
-
     fn pick_layout(&mut self) -> Layout {
         let r = below(&mut self.rng, 4);
         match (self.o.layouts, r) {
@@ -666,16 +655,11 @@ impl Soak<'_, '_> {
             // The pieces, the gaps between them and DST_GAP bytes after.
             let fill = len as usize + DST_GAP as usize * d_cuts.len();
             mem.fill(l.dst, fill, DST_CANARY);
-            if l.status + STATUS_GUARD.len() as u64 <= l.table {
-                mem.write(l.status, &STATUS_GUARD);
-            } else {
-                mem.write(l.status, &[STATUS_CANARY]);
-            }
+            // The status canary and guard bytes after it (the replay's).
+            put_status_area(mem, l);
         }
         let indirect = matches!(layout, Layout::Indirect | Layout::IndirectCut);
-        dq.submit_descs(slot, &descs, indirect).map_err(Error::Raw)?;
-        let head = self.head(q, slot);
-        let dq = &self.fe.queues[q];
+        let head = dq.submit_descs(slot, &descs, indirect).map_err(Error::Raw)?;
         let ring = dq.ring_addrs().desc + 16 * u64::from(head);
         let n = 16 * descs.len();
         let put = &mut self.descs_put[q][usize::from(slot)];
@@ -694,7 +678,7 @@ impl Soak<'_, '_> {
             dir,
             iv,
             len,
-            head,
+            head: u32::from(head),
             sid,
             dst_cuts,
             dst_pieces: d_cuts.len() as u8,
@@ -752,9 +736,7 @@ impl Soak<'_, '_> {
         let len = p.len as usize;
         let l = self.fe.queues[q].layout(u.slot);
         let mem = self.fe.queues[q].mem();
-        let status = mem.read_u8(l.status);
-        let status_guard_ok = l.status + STATUS_GUARD.len() as u64 > l.table
-            || mem.view(l.status + 1, STATUS_GUARD.len() - 1) == &STATUS_GUARD[1..];
+        let (status, status_guard_ok) = status_and_guard(mem, l);
         // dst from its pieces; the gap after each must hold the canary.
         let mut gaps_ok = true;
         let (mut at, mut done) = (l.dst, 0usize);
@@ -803,23 +785,18 @@ impl Soak<'_, '_> {
         if u.len != want_len {
             bad.push(format!("used length {} (expected {want_len})", u.len));
         }
-        if !src_ok {
-            bad.push("source bytes changed".into());
-        }
-        if !hdr_ok {
-            bad.push("request header changed".into());
-        }
-        if !iv_ok {
-            bad.push("IV changed".into());
-        }
-        if !descs_ok {
-            bad.push("descriptors (ring or indirect table) changed".into());
-        }
-        if !gaps_ok {
-            bad.push("bytes between or after the output's pieces written".into());
-        }
-        if !status_guard_ok {
-            bad.push("bytes after the status byte written".into());
+        // What the device may not write, as this tool put it.
+        for (ok, what) in [
+            (src_ok, "source bytes changed"),
+            (hdr_ok, "request header changed"),
+            (iv_ok, "IV changed"),
+            (descs_ok, "descriptors (ring or indirect table) changed"),
+            (gaps_ok, "bytes between or after the output's pieces written"),
+            (status_guard_ok, "bytes after the status byte written"),
+        ] {
+            if !ok {
+                bad.push(what.into());
+            }
         }
         match p.sess {
             Some(s) => {
