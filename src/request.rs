@@ -497,18 +497,54 @@ fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> bool {
         // re-reading guest memory later (relaxed atomics, as in
         // `read_desc`; a volatile copy went byte by byte, +28 % per
         // request), and only the copy is used.
-        for (i, w) in out.chunks_exact_mut(8).enumerate() {
+        let word = |i: usize| {
             // SAFETY: p is mapped for n >= N bytes of a readable buffer
             // (see `Cursor::chunk`) and 8-aligned, and 8 * i + 8 <= N;
             // guest memory the guest may write concurrently.
-            let v = unsafe { std::sync::atomic::AtomicU64::from_ptr(p.add(8 * i) as *mut u64) }
-                .load(std::sync::atomic::Ordering::Relaxed);
-            w.copy_from_slice(&v.to_ne_bytes());
+            unsafe { std::sync::atomic::AtomicU64::from_ptr(p.add(8 * i) as *mut u64) }
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        // Each 16 bytes of the copy are written with one 16-byte store:
+        // the IV is read back as one 16-byte value right away, and a load
+        // that spans two narrower stores is not forwarded from them but
+        // waits for them to reach the cache (in a live profile, `prepare`
+        // went from 17-19 % of the worker's samples to 11 %).
+        let mut pairs = out.chunks_exact_mut(16);
+        for (i, w) in pairs.by_ref().enumerate() {
+            store16(w, word(2 * i), word(2 * i + 1));
+        }
+        let tail = pairs.into_remainder();
+        if !tail.is_empty() {
+            tail.copy_from_slice(&word(N / 8 - 1).to_ne_bytes());
         }
         return true;
     }
     let mut c = c;
     c.read(out) == N
+}
+
+/// Writes the 16 bytes `lo`, `hi` (native byte order) into `out` with one
+/// 16-byte store where the target has one.
+#[inline(always)]
+fn store16(out: &mut [u8], lo: u64, hi: u64) {
+    debug_assert_eq!(out.len(), 16);
+    #[cfg(target_arch = "x86_64")]
+    if out.len() == 16 {
+        use std::arch::x86_64::{__m128i, _mm_set_epi64x, _mm_storeu_si128};
+        // SAFETY: SSE2 is part of the x86_64 baseline; `out` is 16
+        // writable bytes (checked), and the store has no alignment
+        // requirement.
+        unsafe {
+            _mm_storeu_si128(
+                out.as_mut_ptr() as *mut __m128i,
+                _mm_set_epi64x(hi as i64, lo as i64),
+            )
+        };
+        return;
+    }
+    let (a, b) = out.split_at_mut(8);
+    a.copy_from_slice(&lo.to_ne_bytes());
+    b.copy_from_slice(&hi.to_ne_bytes());
 }
 
 /// Writes `data` into a segment stream at `off` (the caller has checked
