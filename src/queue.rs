@@ -174,10 +174,14 @@ impl Ring {
         let slot = usize::from(i & (self.size - 1));
         // SAFETY: slot < size, so the 8-byte element at 4 + 8*slot lies in
         // the 6 + 8n mapped, 4-aligned used ring.
+        // One 8-byte store (id, then len, little-endian), not two: a batch
+        // ends with up to 64 of them, each waiting for room in the store
+        // buffer. (A plain, unaligned store: the element is only 4-aligned.
+        // The driver reads it only after the used index, which is
+        // published with a Release store after it.)
         unsafe {
             let p = self.used.add(4 + 8 * slot);
-            std::ptr::write_volatile(p as *mut u32, id.to_le());
-            std::ptr::write_volatile(p.add(4) as *mut u32, len.to_le());
+            std::ptr::write_unaligned(p as *mut u64, (u64::from(len) << 32 | u64::from(id)).to_le());
         }
     }
 
