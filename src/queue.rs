@@ -172,13 +172,14 @@ impl Ring {
 
     fn put_used(&self, i: u16, id: u32, len: u32) {
         let slot = usize::from(i & (self.size - 1));
-        // SAFETY: slot < size, so the 8-byte element at 4 + 8*slot lies in
-        // the 6 + 8n mapped, 4-aligned used ring.
         // One 8-byte store (id, then len, little-endian), not two: a batch
         // ends with up to 64 of them, each waiting for room in the store
-        // buffer. (A plain, unaligned store: the element is only 4-aligned.
-        // The driver reads it only after the used index, which is
-        // published with a Release store after it.)
+        // buffer. (A plain store: the driver reads the element only after
+        // the used index, which is published with a Release store after
+        // it.)
+        // SAFETY: slot < size, so the 8-byte element at 4 + 8*slot lies in
+        // the 6 + 8n mapped used ring; an unaligned write has no alignment
+        // requirement (the element is only 4-aligned).
         unsafe {
             let p = self.used.add(4 + 8 * slot);
             std::ptr::write_unaligned(p as *mut u64, (u64::from(len) << 32 | u64::from(id)).to_le());
