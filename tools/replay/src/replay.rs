@@ -41,10 +41,20 @@ const _: () = assert!(SRC_CHECK_EVERY.is_power_of_two());
 /// robin, so a multiple of the queue count would always pick queue 0 (and
 /// a trace repeating with a period that divides it, the same requests).
 fn src_checked(seq: u64) -> bool {
-    // Fibonacci hashing: the top bits of seq * 2^64 / phi.
-    seq < SRC_CHECK_ALL
-        || seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SRC_CHECK_EVERY.trailing_zeros()) == 0
+    seq < SRC_CHECK_ALL || one_in_64(seq)
 }
+
+/// One sequence number in [`SRC_CHECK_EVERY`], chosen by a hash of it
+/// (not a multiple of anything, see [`src_checked`]).
+fn one_in_64(seq: u64) -> bool {
+    // Fibonacci hashing: the top bits of seq * 2^64 / phi.
+    seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SRC_CHECK_EVERY.trailing_zeros()) == 0
+}
+
+/// Runs of at most this many requests (the trace's requests times
+/// `--repeat`) have every request's latency measured; longer ones one in
+/// 64 ([`one_in_64`]), evenly over the run.
+const LATENCY_ALL_UP_TO: u64 = 65_536;
 
 /// Bytes of canary put right after a request's output where they are not
 /// another field of the slot (see `dst_guard`), and checked afterwards.
@@ -193,9 +203,8 @@ pub struct Report {
     pub ops_per_sec: f64,
     /// Payload MiB per second.
     pub mib_per_sec: f64,
-    /// Median latency, µs (submit to reap, measured on the run's first
-    /// 4,096 requests and then on one in 64, the requests whose src is
-    /// checked).
+    /// Median latency, µs (submit to reap, measured on every request of a
+    /// run of at most 65,536 requests, on one in 64 of a longer one).
     pub p50_us: f64,
     /// 99th percentile latency, µs.
     pub p99_us: f64,
@@ -474,6 +483,8 @@ struct Run<'a> {
     /// (closed before the next pass: see [`replay`]).
     live: Vec<u64>,
     latencies: Vec<u32>,
+    /// Whether every request's latency is measured ([`LATENCY_ALL_UP_TO`]).
+    time_all: bool,
     /// Per queue and slot: the request in flight there.
     inflight: Vec<Vec<Option<InFlight>>>,
     /// Per queue and slot: when its request was submitted (set for the
@@ -959,12 +970,13 @@ impl<'a> Run<'a> {
             if src_checked(seq) {
                 self.hdr_put[q][b] = hdr;
             }
-            // Latency is measured on the same sample as the src check
-            // ([`src_checked`]): every request of a short run, then one in
-            // 64 chosen by a hash (reading the clock twice per request is a
+            // Latency: every request of a short run, else one in 64
+            // chosen by a hash, evenly over the run (not its first requests
+            // more than the rest: they include the warm-up) and not always
+            // the same queue's. (Reading the clock twice per request is a
             // tenth of the tool's time at a million requests per second; at
-            // one in 8 it was still 4 %), and not always the same queue's.
-            let timed = src_checked(seq);
+            // one in 8 it was still 4 %.)
+            let timed = self.time_all || one_in_64(seq);
             if timed {
                 self.started[q][usize::from(slot)] = Instant::now();
             }
@@ -1103,6 +1115,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         ids: HashMap::new(),
         live: Vec::new(),
         latencies: Vec::with_capacity(total.min(50_000_000) as usize),
+        time_all: total <= LATENCY_ALL_UP_TO,
         inflight: slots,
         started,
         hdr_put,
