@@ -41,12 +41,13 @@ const _: () = assert!(SRC_CHECK_EVERY.is_power_of_two());
 /// robin, so a multiple of the queue count would always pick queue 0 (and
 /// a trace repeating with a period that divides it, the same requests).
 fn src_checked(seq: u64) -> bool {
-    seq < SRC_CHECK_ALL || one_in_64(seq)
+    seq < SRC_CHECK_ALL || in_hash_sample(seq)
 }
 
-/// One sequence number in [`SRC_CHECK_EVERY`], chosen by a hash of it
-/// (not a multiple of anything, see [`src_checked`]).
-fn one_in_64(seq: u64) -> bool {
+/// Whether `seq` is in the sample of one in [`SRC_CHECK_EVERY`] (64)
+/// sequence numbers, chosen by a hash of it (not the multiples of
+/// anything, see [`src_checked`]).
+fn in_hash_sample(seq: u64) -> bool {
     // Fibonacci hashing: the top bits of seq * 2^64 / phi.
     seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SRC_CHECK_EVERY.trailing_zeros()) == 0
 }
@@ -54,7 +55,7 @@ fn one_in_64(seq: u64) -> bool {
 /// Runs of at most this many requests (the trace's requests times
 /// `--repeat`: the known-answer and policy traces) have every request's
 /// latency measured; longer ones (benchmarks, where reading the clock
-/// would slow the tool) one in 64 ([`one_in_64`]), evenly over the run.
+/// would slow the tool) one in 64 ([`in_hash_sample`]), evenly over the run.
 const LATENCY_ALL_UP_TO: u64 = 4096;
 
 /// Bytes of canary put right after a request's output where they are not
@@ -977,7 +978,7 @@ impl<'a> Run<'a> {
             // the same queue's. (Reading the clock twice per request is a
             // tenth of the tool's time at a million requests per second; at
             // one in 8 it was still 4 %.)
-            let timed = self.time_all || one_in_64(seq);
+            let timed = self.time_all || in_hash_sample(seq);
             if timed {
                 self.started[q][usize::from(slot)] = Instant::now();
             }
