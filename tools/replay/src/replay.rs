@@ -332,6 +332,15 @@ impl Hot {
     fn chain(&self) -> bool {
         self.flags & CHAIN != 0
     }
+
+    /// The queue the request is pinned to, if any.
+    fn queue(&self) -> Option<u16> {
+        (self.flags & HAS_QUEUE != 0).then_some(self.queue)
+    }
+
+    fn same_header(&self) -> bool {
+        self.flags & SAME_HEADER != 0
+    }
 }
 
 /// A run of requests ([`Step::Requests`]) laid out for replaying: per
@@ -414,14 +423,13 @@ fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
     };
     let fit = |n: usize| u32::try_from(n).map_err(|_| too_big());
     fit(reqs.len())?;
-    let has_dst = |r: &Req| r.dst.is_some() && r.status == ExpectStatus::Ok;
-    fn dst_of(r: &Req) -> &[u8] {
-        let dst = r.dst.as_deref().filter(|_| r.status == ExpectStatus::Ok);
-        dst.unwrap_or_default()
+    // The expected output, where it is compared: given, and status OK.
+    fn expected(r: &Req) -> Option<&[u8]> {
+        r.dst.as_deref().filter(|_| r.status == ExpectStatus::Ok)
     }
     let pad = |v: &mut Vec<u8>| v.resize(v.len().next_multiple_of(16), 0);
     let (size, words) = reqs.iter().fold((0, 0), |(size, words), r| {
-        let d = dst_of(r).len();
+        let d = expected(r).map_or(0, <[u8]>::len);
         (
             size + r.iv.len().next_multiple_of(16)
                 + r.src.len().next_multiple_of(16)
@@ -434,7 +442,8 @@ fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
     let mut hot = Vec::with_capacity(reqs.len());
     let mut prev = None;
     for r in reqs {
-        let dst = dst_of(r);
+        let want = expected(r);
+        let dst = want.unwrap_or_default();
         let sig = fit(sigs.len())?;
         sigs.extend(block_signature(dst));
         let mut put = |bytes: &[u8]| {
@@ -446,7 +455,7 @@ fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
         let (iv, src, dst_at) = (put(&r.iv)?, put(&r.src)?, put(dst)?);
         let key = Some(header_key(r));
         let flags = if r.in_place { IN_PLACE } else { 0 }
-            | if has_dst(r) { HAS_DST } else { 0 }
+            | if want.is_some() { HAS_DST } else { 0 }
             | if r.chain.is_some() { CHAIN } else { 0 }
             | if r.queue.is_some() { HAS_QUEUE } else { 0 }
             | if key == prev { SAME_HEADER } else { 0 };
@@ -884,8 +893,7 @@ impl<'a> Run<'a> {
                 // from memory: a long trace does not fit the caches).
                 p.prefetch_submit(next);
             }
-            let q = if h.flags & HAS_QUEUE != 0 {
-                let q = h.queue;
+            let q = if let Some(q) = h.queue() {
                 if usize::from(q) >= nq {
                     self.mismatch(p.line(i as u32), "queue", format!("< {nq}"), q.to_string());
                     hdr_prev = false;
@@ -926,7 +934,7 @@ impl<'a> Run<'a> {
             };
             // The header: the previous request's bytes when its header key
             // is this one's (equal keys, equal headers: `header_key`).
-            if !hdr_prev || h.flags & SAME_HEADER == 0 {
+            if !hdr_prev || !h.same_header() {
                 let req = &p.reqs[i];
                 hdr = request_header(req, self.session_id(req));
                 hdr_prev = true;
@@ -1374,7 +1382,7 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::{block_signature, canary_where_same, prepare, DST_CANARY, SAME_HEADER};
+    use super::{block_signature, canary_where_same, prepare, DST_CANARY};
     use crate::guest_mem::GuestMem;
     use crate::trace::{ChainReq, Dir, ExpectStatus, Req};
 
@@ -1437,17 +1445,13 @@ mod tests {
             assert_eq!(h.in_place(), r.in_place, "{i}");
             assert_eq!(h.chain(), r.chain.is_some(), "{i}");
             assert_eq!(p.chain(i, h), r.chain.as_ref(), "{i}");
-            assert_eq!(
-                (h.flags & super::HAS_QUEUE != 0).then_some(h.queue),
-                r.queue,
-                "{i}"
-            );
+            assert_eq!(h.queue(), r.queue, "{i}");
             assert_eq!(p.line(i as u32), r.line);
         }
         // The same header key as the previous request: 2 (as 1) and 7 (as
         // 6: the queue and in_place are not in the header); not 8
         // (chained, 7 is not).
-        let same: Vec<bool> = p.hot.iter().map(|h| h.flags & SAME_HEADER != 0).collect();
+        let same: Vec<bool> = p.hot.iter().map(|h| h.same_header()).collect();
         assert_eq!(same, [false, true, false, false, false, false, true, false]);
     }
 
