@@ -387,10 +387,12 @@ python3 "$ROOT/tools/bench/compare_report.py" \
         --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
         --arg dirty "$(git status --porcelain -- src algorithms tools/replay 2>/dev/null | wc -l)" \
         --arg host "$(uname -n) $(nproc) CPUs $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
+        --arg cpu "$(awk -F': *' '/^cpu family/{f=$2} /^model\t/{m=$2} /^stepping/{s=$2} END{printf "family %s model %s stepping %s", f, m, s}' /proc/cpuinfo)" \
+        --arg ipsecmb "$(dpkg-query -W -f '${Version}' libipsec-mb1 2>/dev/null || echo unknown)" \
         --argjson secs "$((END - START))" --arg date "$(date -u +%FT%TZ)" \
         --arg placement "$PLACEMENT" --argjson near "$NEAR_MIN_NS" --argjson far "$FAR_NS" --argjson wait "$PLACEMENT_WAIT" --argjson tries "$PLACEMENT_TRIES" \
         --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,placement:$placement,near_min_rtt_ns:$near,far_rtt_ns:$far,placement_wait_s:$wait,placement_tries:$tries,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
-          host:$host,wall_s:$secs,date:$date,
+          host:$host,cpu:$cpu,ipsec_mb:$ipsecmb,wall_s:$secs,date:$date,
           ours:"taskset -c 1 vhost-user-crypto --socket-path SOCK; taskset -c 0 vhost-crypto-replay --socket SOCK --json --queue-size 1024 --queue-depth D --repeat K TRACE",
           dpdk:"tools/bench/dpdk-vhost-crypto.sh run SOCK (CPU 1); taskset -c 0 vhost-crypto-replay --socket SOCK --dpdk --json --queue-size 1024 --queue-depth D --repeat K TRACE",
           openssl:"taskset -c 1 openssl speed -evp aes-128-cbc -bytes N -seconds S",

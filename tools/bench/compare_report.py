@@ -140,6 +140,13 @@ def main():
         "d-cpu: backend CPU seconds (utime+stime from /proc/PID/stat over the replay run);"
         " r-cpu: replay tool cpu_s; ratios are of ops/s."
     )
+    # The ratios depend on the CPU generation (DPDK's aesni_mb picks its
+    # VAES / AVX-512 code paths from the CPU), so the run names it.
+    if meta.get("host") or meta.get("cpu"):
+        lines.append(
+            f"machine: {meta.get('host', 'n/a')}, {meta.get('cpu', 'n/a')};"
+            f" libipsec-mb {meta.get('ipsec_mb', 'n/a')}; commit {meta.get('commit', 'n/a')}, {meta.get('date', 'n/a')}"
+        )
 
     # Targets of issue 4.
     targets = []
