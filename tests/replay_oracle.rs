@@ -716,6 +716,33 @@ fn soak_write_past_dst_of_a_max_size_request_is_caught() {
     assert_soak_caught(Fault::OverrunDst, 16);
 }
 
+/// Eight requests: on [`run_with`]'s 64-entry ring at depth 8 no slot, no
+/// buffer set and no descriptor is used twice, so a descriptor the device
+/// changes after completing a request is never read again by a later one.
+const TRACE8: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":8,"seed":5}
+"#;
+
+#[test]
+fn device_write_to_the_descriptors_is_caught() {
+    // (The main replay path did not read the descriptors back: with no
+    // later request reading the changed ones, such a device passed.)
+    for mode in [DescMode::Indirect, DescMode::Chain] {
+        let honest = run_with(TRACE8, 64, mode, &[Fault::None], 1).expect("returned");
+        assert_eq!(
+            (honest.requests, honest.mismatches),
+            (8, 0),
+            "{mode:?}: {honest:?}"
+        );
+        let r = run_with(TRACE8, 64, mode, &[Fault::ClobberDescs], 1).expect("returned");
+        assert_eq!(r.requests, 8, "{mode:?}: {r:?}");
+        // Every output was right; one mismatch for the queue's descriptors.
+        assert_eq!(r.mismatches, 1, "{mode:?}: {r:?}");
+        assert_eq!(r.first_mismatches[0].field, "descriptors", "{mode:?}: {r:?}");
+        assert!(r.first_mismatches[0].got.contains("changed"), "{mode:?}: {r:?}");
+    }
+}
+
 #[test]
 fn soak_device_write_to_the_descriptors_is_caught() {
     // (The soak did not read the ring's descriptors or the indirect

@@ -330,6 +330,29 @@ fn slot_size(max_payload: usize, max_iv: usize) -> usize {
         + DIGEST_AREA.next_multiple_of(SLOT_ALIGN)
 }
 
+/// The ring descriptor that points at an indirect table of `n` entries
+/// at `table`.
+fn indirect_head(table: u64, n: usize) -> Desc {
+    Desc {
+        addr: table,
+        len: 16 * n as u32,
+        flags: VRING_DESC_F_INDIRECT,
+        next: 0,
+    }
+}
+
+/// `d` as an entry of a direct chain starting at ring index `base`.
+fn chained(d: &Desc, base: u16) -> Desc {
+    Desc {
+        next: if d.flags & VRING_DESC_F_NEXT != 0 {
+            base + d.next
+        } else {
+            0
+        },
+        ..*d
+    }
+}
+
 impl DriverQueue {
     /// Slot count for a ring of `size` in `mode`.
     pub fn slots_for(size: u16, mode: DescMode) -> u16 {
@@ -553,8 +576,49 @@ impl DriverQueue {
     /// the head.
     #[inline(never)]
     fn write_descs(&mut self, slot: u16, shape: (u32, u32, u32, bool), unchanged: bool) -> u16 {
+        let (descs, n) = self.shape_descs(self.buf(slot), shape);
+        match self.desc_mode {
+            DescMode::Indirect => {
+                let l = self.layout(slot);
+                if !unchanged {
+                    for (i, d) in descs[..n].iter().enumerate() {
+                        self.mem.write_if_changed(l.table + 16 * i as u64, &d.to_bytes());
+                    }
+                }
+                // The slot's head descriptor may point at the set's table
+                // for another shape (another slot of the set changed it), or
+                // not at all yet.
+                let d = indirect_head(l.table, n);
+                self.mem
+                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                self.head_shape[usize::from(slot)] = Some(shape);
+                slot
+            }
+            DescMode::Chain => {
+                let base = slot * DESCS_PER_REQUEST;
+                for (i, d) in descs[..n].iter().enumerate() {
+                    let d = chained(d, base);
+                    self.mem
+                        .write_if_changed(self.desc + 16 * u64::from(base + i as u16), &d.to_bytes());
+                }
+                base
+            }
+        }
+    }
+
+    /// The descriptors of a request of `shape` (iv_len, len, digest_len,
+    /// in_place) in buffer set `b`, as [`DriverQueue::write_descs`] puts
+    /// them: header (72 bytes), IV, src, dst (src when in place), the hash
+    /// result when it has bytes, status, each but the last with NEXT and
+    /// `next` numbered from 0 (an indirect table's own numbering; a direct
+    /// chain adds its first index, [`chained`]). Returns them and how many.
+    fn shape_descs(
+        &self,
+        b: usize,
+        shape: (u32, u32, u32, bool),
+    ) -> ([Desc; DESCS_PER_REQUEST as usize], usize) {
         let (iv_len, len, digest_len, in_place) = shape;
-        let l = self.layout(slot);
+        let l = self.set_layout(b);
         let dst = if in_place { l.src } else { l.dst };
         let all = [
             (l.hdr, 72, 0),
@@ -564,58 +628,101 @@ impl DriverQueue {
             (l.digest, digest_len, VRING_DESC_F_WRITE),
             (l.status, 1, VRING_DESC_F_WRITE),
         ];
-        let mut buf = [(0u64, 0u32, 0u16); DESCS_PER_REQUEST as usize];
+        let mut out = [Desc {
+            addr: 0,
+            len: 0,
+            flags: 0,
+            next: 0,
+        }; DESCS_PER_REQUEST as usize];
         let mut n = 0;
-        for d in all {
-            if d.1 > 0 || d.0 != l.digest {
-                buf[n] = d;
+        for (addr, len, flags) in all {
+            if len > 0 || addr != l.digest {
+                out[n] = Desc {
+                    addr,
+                    len,
+                    flags: flags | VRING_DESC_F_NEXT,
+                    next: n as u16 + 1,
+                };
                 n += 1;
             }
         }
-        let descs = &buf[..n];
+        // The status descriptor ends the chain.
+        out[n - 1].flags &= !VRING_DESC_F_NEXT;
+        out[n - 1].next = 0;
+        (out, n)
+    }
+
+    /// Checks that the descriptors this queue laid out for the trace's
+    /// requests (every set's indirect table and every slot's head in
+    /// indirect mode, every slot's chain in chain mode) still hold what it
+    /// wrote: the descriptor table is the driver's part of the split
+    /// virtqueue (VIRTIO 1.2 §2.7: each part is written by the driver or by
+    /// the device, not both) and an indirect table is a device-readable
+    /// buffer, which a device must not write (§2.7.5.1), so a change is a
+    /// backend's write. Raw requests' descriptors
+    /// ([`DriverQueue::submit_descs`]) are not covered. Call it with no
+    /// request in flight.
+    ///
+    /// # Errors
+    /// Where the first changed descriptor is (ring index, or buffer set
+    /// and table entry). The queue then forgets what it laid out, so the
+    /// next requests write their descriptors again.
+    pub fn check_descs(&mut self) -> Result<(), String> {
+        let read = |gpa: u64| {
+            let mut b = [0u8; 16];
+            self.mem.read(gpa, &mut b);
+            b
+        };
+        let mut bad = None;
         match self.desc_mode {
             DescMode::Indirect => {
-                if !unchanged {
-                    for (i, &(addr, len, flags)) in descs.iter().enumerate() {
-                        let last = i + 1 == descs.len();
-                        let d = Desc {
-                            addr,
-                            len,
-                            flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
-                            next: if last { 0 } else { i as u16 + 1 },
-                        };
-                        self.mem.write_if_changed(l.table + 16 * i as u64, &d.to_bytes());
+                for (b, shape) in self.shape.iter().enumerate() {
+                    let Some(shape) = *shape else { continue };
+                    let (descs, n) = self.shape_descs(b, shape);
+                    let table = self.set_layout(b).table;
+                    if let Some(i) = (0..n).find(|&i| read(table + 16 * i as u64) != descs[i].to_bytes()) {
+                        bad = Some(format!("buffer set {b}'s indirect table, entry {i}"));
+                        break;
                     }
                 }
-                // The slot's head descriptor may point at the set's table
-                // for another shape (another slot of the set changed it), or
-                // not at all yet.
-                let d = Desc {
-                    addr: l.table,
-                    len: 16 * descs.len() as u32,
-                    flags: VRING_DESC_F_INDIRECT,
-                    next: 0,
-                };
-                self.mem
-                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
-                self.head_shape[usize::from(slot)] = Some(shape);
-                slot
+                for (slot, shape) in self.head_shape.iter().enumerate() {
+                    let Some(shape) = *shape else { continue };
+                    if bad.is_some() {
+                        break;
+                    }
+                    let n = self.shape_descs(self.buf(slot as u16), shape).1;
+                    let d = indirect_head(self.layout(slot as u16).table, n);
+                    if read(self.desc + 16 * slot as u64) != d.to_bytes() {
+                        bad = Some(format!("ring descriptor {slot} (indirect head)"));
+                    }
+                }
             }
             DescMode::Chain => {
-                let base = slot * DESCS_PER_REQUEST;
-                for (i, &(addr, len, flags)) in descs.iter().enumerate() {
-                    let last = i + 1 == descs.len();
-                    let idx = base + i as u16;
-                    let d = Desc {
-                        addr,
-                        len,
-                        flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
-                        next: if last { 0 } else { idx + 1 },
-                    };
-                    self.mem
-                        .write_if_changed(self.desc + 16 * u64::from(idx), &d.to_bytes());
+                // Every slot has its own buffer set here.
+                for (slot, shape) in self.shape.iter().enumerate() {
+                    let Some(shape) = *shape else { continue };
+                    let (descs, n) = self.shape_descs(slot, shape);
+                    let base = slot as u16 * DESCS_PER_REQUEST;
+                    let idx = (0..n).find(|&i| {
+                        read(self.desc + 16 * u64::from(base + i as u16))
+                            != chained(&descs[i], base).to_bytes()
+                    });
+                    if let Some(i) = idx {
+                        bad = Some(format!(
+                            "ring descriptor {} (chain of slot {slot})",
+                            base + i as u16
+                        ));
+                        break;
+                    }
                 }
-                base
+            }
+        }
+        match bad {
+            None => Ok(()),
+            Some(at) => {
+                self.shape.iter_mut().for_each(|s| *s = None);
+                self.head_shape.iter_mut().for_each(|s| *s = None);
+                Err(at)
             }
         }
     }

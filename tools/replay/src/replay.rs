@@ -1194,7 +1194,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                             run.live.retain(|&l| l != id as u64);
                         }
                     }
-                    Step::Requests(_) => {
+                    Step::Requests(v) => {
                         let Some(p) = &prepared[si] else {
                             return Ok(());
                         };
@@ -1202,6 +1202,19 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                         let done = run.requests(p, &mut rr);
                         busy += t.elapsed();
                         done?;
+                        // Drained: the descriptors the requests used must
+                        // still be as this tool wrote them.
+                        let line = v.first().map_or(0, |r| r.line);
+                        for q in 0..run.fe.queues.len() {
+                            if let Err(at) = run.fe.queues[q].check_descs() {
+                                run.mismatch(
+                                    line,
+                                    "descriptors",
+                                    "as the driver wrote them (VIRTIO 1.2 §2.7, §2.7.5.1)".into(),
+                                    format!("queue {q}: {at} changed"),
+                                );
+                            }
+                        }
                     }
                 }
                 Ok(())
