@@ -66,6 +66,8 @@ enum Fault {
     /// chain's last descriptor (in the ring or the indirect table), which
     /// only the driver may write.
     ClobberDescs,
+    /// The same, after the first request only.
+    ClobberDescsOnce,
 }
 
 /// Session id -> (cipher key, direction, HMAC-SHA1 key of a chained session).
@@ -338,6 +340,7 @@ fn serve_ring(
             Fault::ClobberHeader => scatter(&mem, &rd, 0, &[0; 72]),
             Fault::WideStatus => mem.write(status + slen as u64 - 1, &0u32.to_le_bytes()),
             Fault::ClobberDescs => mem.write(last_desc + 12, &[0, 0]),
+            Fault::ClobberDescsOnce if n == 0 => mem.write(last_desc + 12, &[0, 0]),
             _ => {}
         }
         if let Fault::StuckAndRepost(k) = fault {
@@ -740,6 +743,32 @@ fn device_write_to_the_descriptors_is_caught() {
         assert_eq!(r.mismatches, 1, "{mode:?}: {r:?}");
         assert_eq!(r.first_mismatches[0].field, "descriptors", "{mode:?}: {r:?}");
         assert!(r.first_mismatches[0].got.contains("changed"), "{mode:?}: {r:?}");
+    }
+}
+
+/// Eight 64-byte requests, then three of 32 bytes: the later ones reuse
+/// the first buffer sets (indirect) or slots (chain) with another shape,
+/// so the tool writes their descriptors again.
+const TRACE8_3: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":8,"seed":5}
+{"op":"generate","session":"e","opcode":"encrypt","size":32,"count":3,"seed":6}
+"#;
+
+#[test]
+fn device_write_to_descriptors_the_tool_then_rewrites_is_caught() {
+    // (The tool's rewrite for the new shape repaired the changed
+    // descriptor before the check after the run could see it.)
+    for mode in [DescMode::Indirect, DescMode::Chain] {
+        let honest = run_with(TRACE8_3, 64, mode, &[Fault::None], 1).expect("returned");
+        assert_eq!(
+            (honest.requests, honest.mismatches),
+            (11, 0),
+            "{mode:?}: {honest:?}"
+        );
+        let r = run_with(TRACE8_3, 64, mode, &[Fault::ClobberDescsOnce], 1).expect("returned");
+        assert_eq!(r.requests, 11, "{mode:?}: {r:?}");
+        assert_eq!(r.mismatches, 1, "{mode:?}: {r:?}");
+        assert_eq!(r.first_mismatches[0].field, "descriptors", "{mode:?}: {r:?}");
     }
 }
 

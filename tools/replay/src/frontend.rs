@@ -250,6 +250,9 @@ pub struct DriverQueue {
     /// Per slot (indirect mode): the shape of the set's table its head
     /// descriptor was last written for.
     head_shape: Vec<Option<(u32, u32, u32, bool)>>,
+    /// The first descriptor found changed when it was about to be
+    /// rewritten for a new shape, for [`DriverQueue::check_descs`].
+    desc_fault: Option<String>,
     desc_mode: DescMode,
     max_payload: usize,
     max_iv: usize,
@@ -550,7 +553,20 @@ impl DriverQueue {
     ) {
         debug_assert_eq!(b, self.buf(slot));
         let shape = Some((iv_len, len, digest_len, in_place));
-        let unchanged = self.shape.get(b) == Some(&shape);
+        let old = self.shape.get(b).copied().flatten();
+        let unchanged = old == shape;
+        if !unchanged && self.desc_fault.is_none() {
+            // What is rewritten below must still be as this tool left it,
+            // or a backend's write to it would be repaired unseen before
+            // [`DriverQueue::check_descs`] looks.
+            let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
+            self.desc_fault = match self.desc_mode {
+                DescMode::Indirect => old
+                    .and_then(|o| self.table_fault(b, o))
+                    .or_else(|| old_head.and_then(|o| self.head_fault(slot, o))),
+                DescMode::Chain => old.and_then(|o| self.chain_fault(slot, o)),
+            };
+        }
         if let Some(s) = self.shape.get_mut(b) {
             *s = shape;
         }
@@ -560,7 +576,14 @@ impl DriverQueue {
         let head = match self.desc_mode {
             DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
             DescMode::Indirect if unchanged && self.head_shape.get(usize::from(slot)) == Some(&shape) => slot,
-            _ => self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged),
+            _ => {
+                if unchanged && self.desc_fault.is_none() {
+                    // Only the slot's head is rewritten.
+                    let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
+                    self.desc_fault = old_head.and_then(|o| self.head_fault(slot, o));
+                }
+                self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged)
+            }
         };
         self.take_slot_in(slot, b);
         let pos = self.ring_pos(self.avail_idx);
@@ -668,52 +691,29 @@ impl DriverQueue {
     /// and table entry). The queue then forgets what it laid out, so the
     /// next requests write their descriptors again.
     pub fn check_descs(&mut self) -> Result<(), String> {
-        let read = |gpa: u64| {
-            let mut b = [0u8; 16];
-            self.mem.read(gpa, &mut b);
-            b
-        };
-        let mut bad = None;
+        let mut bad = self.desc_fault.take();
         match self.desc_mode {
             DescMode::Indirect => {
                 for (b, shape) in self.shape.iter().enumerate() {
-                    let Some(shape) = *shape else { continue };
-                    let (descs, n) = self.shape_descs(b, shape);
-                    let table = self.set_layout(b).table;
-                    if let Some(i) = (0..n).find(|&i| read(table + 16 * i as u64) != descs[i].to_bytes()) {
-                        bad = Some(format!("buffer set {b}'s indirect table, entry {i}"));
-                        break;
-                    }
-                }
-                for (slot, shape) in self.head_shape.iter().enumerate() {
-                    let Some(shape) = *shape else { continue };
                     if bad.is_some() {
                         break;
                     }
-                    let n = self.shape_descs(self.buf(slot as u16), shape).1;
-                    let d = indirect_head(self.layout(slot as u16).table, n);
-                    if read(self.desc + 16 * slot as u64) != d.to_bytes() {
-                        bad = Some(format!("ring descriptor {slot} (indirect head)"));
+                    bad = shape.and_then(|o| self.table_fault(b, o));
+                }
+                for (slot, shape) in self.head_shape.iter().enumerate() {
+                    if bad.is_some() {
+                        break;
                     }
+                    bad = shape.and_then(|o| self.head_fault(slot as u16, o));
                 }
             }
             DescMode::Chain => {
                 // Every slot has its own buffer set here.
                 for (slot, shape) in self.shape.iter().enumerate() {
-                    let Some(shape) = *shape else { continue };
-                    let (descs, n) = self.shape_descs(slot, shape);
-                    let base = slot as u16 * DESCS_PER_REQUEST;
-                    let idx = (0..n).find(|&i| {
-                        read(self.desc + 16 * u64::from(base + i as u16))
-                            != chained(&descs[i], base).to_bytes()
-                    });
-                    if let Some(i) = idx {
-                        bad = Some(format!(
-                            "ring descriptor {} (chain of slot {slot})",
-                            base + i as u16
-                        ));
+                    if bad.is_some() {
                         break;
                     }
+                    bad = shape.and_then(|o| self.chain_fault(slot as u16, o));
                 }
             }
         }
@@ -725,6 +725,45 @@ impl DriverQueue {
                 Err(at)
             }
         }
+    }
+
+    /// The 16 bytes of the descriptor at `gpa`.
+    fn desc_at(&self, gpa: u64) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        self.mem.read(gpa, &mut b);
+        b
+    }
+
+    /// Where buffer set `b`'s indirect table differs from what
+    /// [`DriverQueue::write_descs`] put there for `shape`.
+    fn table_fault(&self, b: usize, shape: (u32, u32, u32, bool)) -> Option<String> {
+        let (descs, n) = self.shape_descs(b, shape);
+        let table = self.set_layout(b).table;
+        (0..n)
+            .find(|&i| self.desc_at(table + 16 * i as u64) != descs[i].to_bytes())
+            .map(|i| format!("buffer set {b}'s indirect table, entry {i}"))
+    }
+
+    /// Whether slot `slot`'s ring descriptor differs from the indirect
+    /// head written for `shape`.
+    fn head_fault(&self, slot: u16, shape: (u32, u32, u32, bool)) -> Option<String> {
+        let n = self.shape_descs(self.buf(slot), shape).1;
+        let d = indirect_head(self.layout(slot).table, n);
+        (self.desc_at(self.desc + 16 * u64::from(slot)) != d.to_bytes())
+            .then(|| format!("ring descriptor {slot} (indirect head)"))
+    }
+
+    /// Where slot `slot`'s direct chain differs from the one written for
+    /// `shape` (chain mode: the slot's buffer set is the slot's own).
+    fn chain_fault(&self, slot: u16, shape: (u32, u32, u32, bool)) -> Option<String> {
+        let (descs, n) = self.shape_descs(usize::from(slot), shape);
+        let base = slot * DESCS_PER_REQUEST;
+        (0..n)
+            .find(|&i| {
+                self.desc_at(self.desc + 16 * u64::from(base + i as u16))
+                    != chained(&descs[i], base).to_bytes()
+            })
+            .map(|i| format!("ring descriptor {} (chain of slot {slot})", base + i as u16))
     }
 
     /// Publishes the avail index and kicks the backend unless it asked not
@@ -1087,6 +1126,7 @@ impl CryptoFrontend {
                 outstanding: 0,
                 shape: vec![None; usize::from(nbufs)],
                 head_shape: vec![None; usize::from(nslots)],
+                desc_fault: None,
                 desc_mode: cfg.desc_mode,
                 max_payload: cfg.max_payload,
                 max_iv: cfg.max_iv,
