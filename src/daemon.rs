@@ -24,7 +24,7 @@ use crate::backend::CryptoBackend;
 use crate::frontend_proxy::{self, AbiChoice, Closer, EventFdCopies, ProxyConfig};
 use crate::request::{GuestMemory_, RequestLimits};
 use crate::seccomp::WorkerFilter;
-use crate::sessions::session_set;
+use crate::sessions::{session_set_with_ids, SessionIds};
 
 /// Daemon configuration (from the command line).
 #[derive(Debug, Clone)]
@@ -119,6 +119,14 @@ pub fn serve_one(
     serve_stream(frontend, config, filter)
 }
 
+/// The daemon's session ids, shared by all its connections, so that no id
+/// is given twice in the process (see [`SessionIds`]).
+fn session_ids() -> SessionIds {
+    static IDS: std::sync::OnceLock<SessionIds> = std::sync::OnceLock::new();
+    IDS.get_or_init(|| Arc::new(std::sync::atomic::AtomicU64::new(1)))
+        .clone()
+}
+
 /// Serves one already-connected frontend until it disconnects; with
 /// `filter`, its queue workers run under it.
 ///
@@ -130,7 +138,7 @@ pub fn serve_stream(
     filter: Option<&WorkerFilter>,
 ) -> Result<(), Error> {
     let be = |e: &dyn std::fmt::Display| Error::Backend(e.to_string());
-    let (registry, tables) = session_set(config.max_sessions, config.queues);
+    let (registry, tables) = session_set_with_ids(config.max_sessions, config.queues, session_ids());
     let backend = CryptoBackend::new(tables, config.limits, config.poll).map_err(|e| be(&e))?;
     let backend = Arc::new(match filter {
         Some(f) => backend.with_seccomp(f.clone()),

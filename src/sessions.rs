@@ -14,7 +14,8 @@
 //! memory stays bounded however many sessions come and go while no request
 //! arrives.
 //!
-//! Ids start at 1 and are never reused on a connection. Key schedules are
+//! Ids start at 1 and are never reused: not on a connection, and in the
+//! daemon not across connections either ([`SessionIds`]). Key schedules are
 //! zeroized when a session is closed (it is dropped from every table at
 //! once) and when the connection ends (the tables are dropped), see
 //! `algorithms::AesCbcKey`. Copies that moves and the cipher libraries
@@ -89,10 +90,23 @@ pub struct Session {
     pub mac: Option<MacKey>,
 }
 
+/// Where session ids come from: the next id to give, shared by the
+/// registries that draw from it ([`session_set_with_ids`]). The daemon
+/// keeps one for the whole process, so that ids are never reused, across
+/// connections either. After a frontend reconnects (QEMU's `reconnect`
+/// chardev option) the guest driver still holds the ids the previous
+/// connection gave it (it puts the CREATE reply's value in every request,
+/// protocol reference §1.2) and may send requests naming them; with ids
+/// starting again at 1 per connection, such a request would run under
+/// whichever new session got the same id, that is under another
+/// session's key. Here it gets INVSESS. (DPDK's vhost-crypto counts from 1
+/// per device, protocol reference §1.5.)
+pub type SessionIds = Arc<AtomicU64>;
+
 /// Per-connection session registry (the session-message side).
 #[derive(Debug)]
 pub struct SessionRegistry {
-    next_id: u64,
+    ids: SessionIds,
     live: HashSet<u64>,
     max_sessions: usize,
     tables: Vec<SessionTable>,
@@ -100,10 +114,11 @@ pub struct SessionRegistry {
 }
 
 impl SessionRegistry {
-    /// A registry allowing `max_sessions` live sessions, updating `tables`.
-    pub fn new(max_sessions: usize, tables: Vec<SessionTable>) -> Self {
+    /// A registry allowing `max_sessions` live sessions, updating `tables`,
+    /// giving ids from `ids`.
+    pub fn new(max_sessions: usize, tables: Vec<SessionTable>, ids: SessionIds) -> Self {
         SessionRegistry {
-            next_id: 1,
+            ids,
             live: HashSet::with_capacity(max_sessions.min(MAX_PRERESERVED)),
             max_sessions,
             tables,
@@ -121,7 +136,8 @@ impl SessionRegistry {
         self.live.is_empty()
     }
 
-    /// Handles a CREATE: returns the new session id (≥ 1), or a negative
+    /// Handles a CREATE: returns the new session id (≥ 1, never given
+    /// before by this registry's [`SessionIds`]), or a negative
     /// virtio-crypto status (−NOTSUPP for an unsupported opcode, op_type,
     /// algorithm, hash mode, chaining order or AAD, −ERR for a bad key
     /// length, digest length or direction, −NOSPC when `max_sessions` are
@@ -178,8 +194,9 @@ impl SessionRegistry {
             self.refused_full += 1;
             return neg(Status::NoSpc);
         }
-        let id = self.next_id;
-        self.next_id += 1;
+        // (At one CREATE per microsecond the ids would last 292,000 years
+        // before reaching i64::MAX, where the reply would turn negative.)
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
         self.live.insert(id);
         let session = Session { direction, key, mac };
         for t in &self.tables {
@@ -262,7 +279,7 @@ fn chain_mac(info: &SymSessionInfo, direction: Direction) -> Result<MacKey, Stat
 }
 
 /// Hasher for session ids: one multiply (Fibonacci hashing). The ids are
-/// the registry's own counter (1, 2, 3, …), never chosen by the guest, so
+/// the registry's own counter (1, 2, 3, …, [`SessionIds`]), never chosen by the guest, so
 /// the table needs no protection against crafted collisions (a guest can
 /// only look ids up); SipHash cost a tenth of the per-request time.
 #[derive(Debug, Default, Clone, Copy)]
@@ -412,10 +429,21 @@ impl SessionTable {
     }
 }
 
-/// Creates a registry and `queues` tables connected to it.
+/// Creates a registry and `queues` tables connected to it, with ids of its
+/// own from 1.
 pub fn session_set(max_sessions: usize, queues: usize) -> (SessionRegistry, Vec<SessionTable>) {
+    session_set_with_ids(max_sessions, queues, Arc::new(AtomicU64::new(1)))
+}
+
+/// [`session_set`] with ids drawn from `ids` (the daemon's, shared by all
+/// its connections).
+pub fn session_set_with_ids(
+    max_sessions: usize,
+    queues: usize,
+    ids: SessionIds,
+) -> (SessionRegistry, Vec<SessionTable>) {
     let tables: Vec<SessionTable> = (0..queues).map(|_| SessionTable::new(max_sessions)).collect();
-    (SessionRegistry::new(max_sessions, tables.clone()), tables)
+    (SessionRegistry::new(max_sessions, tables.clone(), ids), tables)
 }
 
 #[cfg(test)]
