@@ -726,24 +726,30 @@ const TRACE8: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key"
 {"op":"generate","session":"e","opcode":"encrypt","size":64,"count":8,"seed":5}
 "#;
 
-#[test]
-fn device_write_to_the_descriptors_is_caught() {
-    // (The main replay path did not read the descriptors back: with no
-    // later request reading the changed ones, such a device passed.)
+/// Replays `trace` (`requests` requests) in both descriptor modes against
+/// the honest fake (0 mismatches) and against `fault`: every request
+/// completes right, and the changed descriptors are one mismatch.
+fn assert_descs_caught(trace: &str, requests: u64, fault: Fault) {
     for mode in [DescMode::Indirect, DescMode::Chain] {
-        let honest = run_with(TRACE8, 64, mode, &[Fault::None], 1).expect("returned");
+        let honest = run_with(trace, 64, mode, &[Fault::None], 1).expect("returned");
         assert_eq!(
             (honest.requests, honest.mismatches),
-            (8, 0),
+            (requests, 0),
             "{mode:?}: {honest:?}"
         );
-        let r = run_with(TRACE8, 64, mode, &[Fault::ClobberDescs], 1).expect("returned");
-        assert_eq!(r.requests, 8, "{mode:?}: {r:?}");
-        // Every output was right; one mismatch for the queue's descriptors.
+        let r = run_with(trace, 64, mode, &[fault], 1).expect("returned");
+        assert_eq!(r.requests, requests, "{mode:?}: {r:?}");
         assert_eq!(r.mismatches, 1, "{mode:?}: {r:?}");
         assert_eq!(r.first_mismatches[0].field, "descriptors", "{mode:?}: {r:?}");
         assert!(r.first_mismatches[0].got.contains("changed"), "{mode:?}: {r:?}");
     }
+}
+
+#[test]
+fn device_write_to_the_descriptors_is_caught() {
+    // (The main replay path did not read the descriptors back: with no
+    // later request reading the changed ones, such a device passed.)
+    assert_descs_caught(TRACE8, 8, Fault::ClobberDescs);
 }
 
 /// Eight 64-byte requests, then three of 32 bytes: the later ones reuse
@@ -758,18 +764,7 @@ const TRACE8_3: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","ke
 fn device_write_to_descriptors_the_tool_then_rewrites_is_caught() {
     // (The tool's rewrite for the new shape repaired the changed
     // descriptor before the check after the run could see it.)
-    for mode in [DescMode::Indirect, DescMode::Chain] {
-        let honest = run_with(TRACE8_3, 64, mode, &[Fault::None], 1).expect("returned");
-        assert_eq!(
-            (honest.requests, honest.mismatches),
-            (11, 0),
-            "{mode:?}: {honest:?}"
-        );
-        let r = run_with(TRACE8_3, 64, mode, &[Fault::ClobberDescsOnce], 1).expect("returned");
-        assert_eq!(r.requests, 11, "{mode:?}: {r:?}");
-        assert_eq!(r.mismatches, 1, "{mode:?}: {r:?}");
-        assert_eq!(r.first_mismatches[0].field, "descriptors", "{mode:?}: {r:?}");
-    }
+    assert_descs_caught(TRACE8_3, 11, Fault::ClobberDescsOnce);
 }
 
 #[test]

@@ -112,18 +112,20 @@ fn nist_over_socket_all_layouts_and_reconnect() {
 }
 
 #[test]
-fn session_ids_restart_per_connection_and_bad_creates_do_not_disconnect() {
+fn session_ids_go_on_across_connections_and_bad_creates_do_not_disconnect() {
     let daemon = spawn_daemon(&["--max-sessions", "2"]);
-    for _ in 0..2 {
+    // Refused CREATEs use no id; a second connection's ids follow the
+    // first's (never reused in the daemon, see `sessions::SessionIds`).
+    for first in [1i64, 3] {
         let mut fe =
             CryptoFrontend::connect(&daemon.sock, &config(SessionAbi::C, DescMode::Indirect)).unwrap();
         let mut bad = session(1);
         bad.key_len = 17;
         assert!(fe.create_session(&bad).unwrap() < 0);
-        assert_eq!(fe.create_session(&session(1)).unwrap(), 1);
-        assert_eq!(fe.create_session(&session(2)).unwrap(), 2);
+        assert_eq!(fe.create_session(&session(1)).unwrap(), first);
+        assert_eq!(fe.create_session(&session(2)).unwrap(), first + 1);
         assert!(fe.create_session(&session(2)).unwrap() < 0, "past --max-sessions");
-        let (st, len, dst) = run_one(&mut fe, 0, 1, &hex(PT));
+        let (st, len, dst) = run_one(&mut fe, 0, first as u64, &hex(PT));
         assert_eq!((st, len, dst), (0, 65, hex(CT)));
     }
 }
