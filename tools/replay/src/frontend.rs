@@ -736,6 +736,8 @@ impl DriverQueue {
 
     /// Where buffer set `b`'s indirect table differs from what
     /// [`DriverQueue::write_descs`] put there for `shape`.
+    #[cold]
+    #[inline(never)]
     fn table_fault(&self, b: usize, shape: (u32, u32, u32, bool)) -> Option<String> {
         let (descs, n) = self.shape_descs(b, shape);
         let table = self.set_layout(b).table;
@@ -746,6 +748,8 @@ impl DriverQueue {
 
     /// Whether slot `slot`'s ring descriptor differs from the indirect
     /// head written for `shape`.
+    #[cold]
+    #[inline(never)]
     fn head_fault(&self, slot: u16, shape: (u32, u32, u32, bool)) -> Option<String> {
         let n = self.shape_descs(self.buf(slot), shape).1;
         let d = indirect_head(self.layout(slot).table, n);
@@ -755,6 +759,8 @@ impl DriverQueue {
 
     /// Where slot `slot`'s direct chain differs from the one written for
     /// `shape` (chain mode: the slot's buffer set is the slot's own).
+    #[cold]
+    #[inline(never)]
     fn chain_fault(&self, slot: u16, shape: (u32, u32, u32, bool)) -> Option<String> {
         let (descs, n) = self.shape_descs(usize::from(slot), shape);
         let base = slot * DESCS_PER_REQUEST;

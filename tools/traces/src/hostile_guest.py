@@ -133,8 +133,11 @@ raw(hdr(), d, "err", 1, comment="H17 status descriptor of length 0: ERR in D3's 
 d = baseline()[:3] + [{"at": 512, "len": 0, "write": True}, {"at": 1024, "len": 0, "write": True}]
 raw(hdr(), d, None, 0, comment="H17 only zero-length writable descriptors: consumed")
 
-raw(hdr(opcode=0xFFFF, session_id=999), baseline(), "notsupp", 1, comment="precedence: bad opcode before unknown session")
-raw(hdr(session_id=999, iv_len=8), baseline(), "invsess", 1, comment="precedence: unknown session before bad iv_len")
+# An id the daemon never gives (its ids are at most i64::MAX, the CREATE
+# reply being signed), whatever sessions earlier connections created.
+UNKNOWN = 2**64 - 1
+raw(hdr(opcode=0xFFFF, session_id=UNKNOWN), baseline(), "notsupp", 1, comment="precedence: bad opcode before unknown session")
+raw(hdr(session_id=UNKNOWN, iv_len=8), baseline(), "invsess", 1, comment="precedence: unknown session before bad iv_len")
 raw(hdr(session_id=0), baseline(), "invsess", 1, comment="session id 0 is never valid")
 raw(hdr(opcode=1, session="E"), baseline(), "err", 1, comment="opcode does not match the session's direction")
 line({"op": "close_session", "name": "E"})
