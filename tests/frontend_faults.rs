@@ -746,9 +746,11 @@ impl HandshakeRes {
     }
 }
 
-/// Checks the reply to handshake message `m`.
+/// Checks the reply to handshake message `m`: a CREATE's id must be
+/// above `last_id` (ids are never given twice in the daemon), and
+/// becomes the new `last_id`.
 #[track_caller]
-fn check_handshake_reply(c: &Conn, m: &Msg) {
+fn check_handshake_reply(c: &Conn, m: &Msg, last_id: &mut i64) {
     let p = c.reply(m.req);
     match m.req {
         GET_FEATURES => {
@@ -762,7 +764,8 @@ fn check_handshake_reply(c: &Conn, m: &Msg) {
         CREATE_CRYPTO_SESSION => {
             assert_eq!(p.len(), 1072, "CREATE reply size (layout C)");
             let id = i64::from_le_bytes(p[1064..1072].try_into().unwrap());
-            assert!(id >= 1, "first session id of a connection: {id}");
+            assert!(id > *last_id, "session id {id} after {last_id}");
+            *last_id = id;
         }
         _ => unreachable!(),
     }
@@ -788,6 +791,7 @@ fn disconnect_at_every_point_of_the_handshake() {
     let mut daemon = Daemon::spawn(&[]);
     let n = HandshakeRes::new().messages().len();
     let mut cases = 0;
+    let mut last_id = 0;
     for k in 0..=n {
         for cut in [
             Cut::Clean,
@@ -810,7 +814,7 @@ fn disconnect_at_every_point_of_the_handshake() {
             for m in &msgs[..k] {
                 c.send(m.req, V1, &m.payload, &m.fds).unwrap();
                 if m.reply {
-                    check_handshake_reply(&c, m);
+                    check_handshake_reply(&c, m, &mut last_id);
                 }
             }
             if let Some(m) = next {
