@@ -555,35 +555,34 @@ impl DriverQueue {
         let shape = Some((iv_len, len, digest_len, in_place));
         let old = self.shape.get(b).copied().flatten();
         let unchanged = old == shape;
-        if !unchanged && self.desc_fault.is_none() {
+        let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
+        // The usual case, a slot reused with the same shape, writes no
+        // descriptor: the descriptors are laid out only when some are
+        // (re)written (the set's table for a new shape; in indirect mode
+        // also the slot's head when it was written for another shape).
+        let rewrite = match self.desc_mode {
+            DescMode::Chain => !unchanged,
+            DescMode::Indirect => !unchanged || old_head != shape,
+        };
+        if rewrite && self.desc_fault.is_none() {
             // What is rewritten below must still be as this tool left it,
             // or a backend's write to it would be repaired unseen before
             // [`DriverQueue::check_descs`] looks.
-            let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
+            let old_table = old.filter(|_| !unchanged);
             self.desc_fault = match self.desc_mode {
-                DescMode::Indirect => old
+                DescMode::Indirect => old_table
                     .and_then(|o| self.table_fault(b, o))
                     .or_else(|| old_head.and_then(|o| self.head_fault(slot, o))),
-                DescMode::Chain => old.and_then(|o| self.chain_fault(slot, o)),
+                DescMode::Chain => old_table.and_then(|o| self.chain_fault(slot, o)),
             };
         }
         if let Some(s) = self.shape.get_mut(b) {
             *s = shape;
         }
-        // The usual case, a slot reused with the same shape, writes no
-        // descriptor: the descriptors are laid out only when some are
-        // (re)written.
         let head = match self.desc_mode {
-            DescMode::Chain if unchanged => slot * DESCS_PER_REQUEST,
-            DescMode::Indirect if unchanged && self.head_shape.get(usize::from(slot)) == Some(&shape) => slot,
-            _ => {
-                if unchanged && self.desc_fault.is_none() {
-                    // Only the slot's head is rewritten.
-                    let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
-                    self.desc_fault = old_head.and_then(|o| self.head_fault(slot, o));
-                }
-                self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged)
-            }
+            _ if rewrite => self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged),
+            DescMode::Chain => slot * DESCS_PER_REQUEST,
+            DescMode::Indirect => slot,
         };
         self.take_slot_in(slot, b);
         let pos = self.ring_pos(self.avail_idx);
