@@ -137,11 +137,11 @@ log() { printf '== %s\n' "$*" >&2; }
 # Requests per run and the trace chunk (requests expanded in memory by the
 # replay tool; --repeat makes up the rest). The counts aim at 0.2-0.4 s of
 # requests per run of ours on the family-26 host of docs/PERFORMANCE.md
-# (DPDK's runs take up to twice as long): until 2026-12-01 they gave
-# 0.014-0.2 s, and a run that short still carries its start (ours was
-# about 4 % faster over 0.4 s than over 0.04 s at 256 B depth 256, DPDK
-# the same). The chained cells keep their counts: ring's SHA-1 makes
-# ours-hmac's runs 0.6-1.3 s already.
+# (DPDK's runs take up to twice as long): until 2026-12-01 they were
+# 1.6-15x smaller, 0.014-0.2 s, and a run that short still carries its
+# start (ours was about 4 % faster over 0.4 s than over 0.04 s at 256 B
+# depth 256; DPDK unchanged). The chained cells keep their counts: ring's
+# SHA-1 makes ours-hmac's runs 0.6-1.5 s already (DPDK's take 0.12-0.21 s).
 requests_for() { # system size depth
     local n
     if [ "${1%-hmac}" != "$1" ]; then
