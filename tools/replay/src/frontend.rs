@@ -907,18 +907,41 @@ impl DriverQueue {
         if let Some(s) = self.head_shape.get_mut(usize::from(slot)) {
             *s = None;
         }
-        let l = self.layout(slot);
-        let head = if indirect {
+        let head = self.raw_desc_images(slot, descs, indirect, |gpa, d| self.mem.write(gpa, &d))?;
+        self.take_slot(slot);
+        let pos = self.ring_pos(self.avail_idx);
+        self.mem.write_u16(self.avail + 4 + 2 * pos, head);
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        Ok(head)
+    }
+
+    /// The descriptors [`DriverQueue::submit_descs`]`(slot, descs,
+    /// indirect)` writes, each handed to `put` as (guest address, its 16
+    /// bytes) in the order written: in indirect mode the table's entries,
+    /// then the head in the ring's table; in chain mode the chain. Nothing
+    /// is written here. Returns the head's index in the ring's table.
+    ///
+    /// # Errors
+    /// As [`DriverQueue::submit_descs`], before anything is handed to `put`.
+    pub fn raw_desc_images(
+        &self,
+        slot: u16,
+        descs: &[Desc],
+        indirect: bool,
+        mut put: impl FnMut(u64, [u8; 16]),
+    ) -> Result<u16, String> {
+        if indirect {
             if descs.len() > MAX_RAW_DESCS {
                 return Err(format!(
                     "at most {MAX_RAW_DESCS} descriptors in a raw indirect table"
                 ));
             }
+            let table = self.layout(slot).table;
             for (i, d) in descs.iter().enumerate() {
-                self.mem.write(l.table + 16 * i as u64, &d.to_bytes());
+                put(table + 16 * i as u64, d.to_bytes());
             }
             let d = Desc {
-                addr: l.table,
+                addr: table,
                 len: 16 * descs.len() as u32,
                 flags: VRING_DESC_F_INDIRECT,
                 next: 0,
@@ -927,8 +950,8 @@ impl DriverQueue {
                 DescMode::Indirect => slot,
                 DescMode::Chain => slot * DESCS_PER_REQUEST,
             };
-            self.mem.write(self.desc + 16 * u64::from(head), &d.to_bytes());
-            head
+            put(self.desc + 16 * u64::from(head), d.to_bytes());
+            Ok(head)
         } else {
             if self.desc_mode != DescMode::Chain {
                 return Err("raw direct chains need --descriptors chain".into());
@@ -944,16 +967,10 @@ impl DriverQueue {
                     next: d.next.wrapping_add(base),
                     ..*d
                 };
-                self.mem
-                    .write(self.desc + 16 * u64::from(base + i as u16), &d.to_bytes());
+                put(self.desc + 16 * u64::from(base + i as u16), d.to_bytes());
             }
-            base
-        };
-        self.take_slot(slot);
-        let pos = self.ring_pos(self.avail_idx);
-        self.mem.write_u16(self.avail + 4 + 2 * pos, head);
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        Ok(head)
+            Ok(base)
+        }
     }
 
     /// The ring position of avail or used index `idx`: `idx % size`, as

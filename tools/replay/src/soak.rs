@@ -668,10 +668,23 @@ impl Soak<'_, '_> {
         } else {
             [(ring, n), (0, 0)]
         };
+        // The bytes this tool wrote, as it wrote them (not read back from
+        // guest memory, where a device's write could already be).
+        let [(a0, n0), (a1, n1)] = put.areas;
         put.bytes.clear();
-        for (a, n) in put.areas {
-            put.bytes.extend_from_slice(dq.mem().view(a, n));
-        }
+        put.bytes.resize(n0 + n1, 0);
+        let bytes = &mut put.bytes;
+        dq.raw_desc_images(slot, &descs, indirect, |gpa, d| {
+            let at = if gpa.wrapping_sub(a0) < n0 as u64 {
+                (gpa - a0) as usize
+            } else {
+                n0 + gpa.wrapping_sub(a1) as usize
+            };
+            if let Some(b) = bytes.get_mut(at..).and_then(|b| b.get_mut(..16)) {
+                b.copy_from_slice(&d);
+            }
+        })
+        .map_err(Error::Raw)?;
         self.pending[q][usize::from(slot)] = Some(Pending {
             seq,
             sess,
