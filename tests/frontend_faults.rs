@@ -4500,8 +4500,29 @@ fn exit_status_3_finishes_while_a_memory_check_waits_on_the_frontends_lock() {
 struct FuseMem {
     dir: std::path::PathBuf,
     dev: File,
+    /// Hold every FLUSH from a process other than the daemon and the test.
     block: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Hold those only from a process that asked for the file's
+    /// attributes before (GETATTR, which a process in execve does not
+    /// send: the helper's `fstat` after its exec), so that the closes of
+    /// the helper's execve are answered and those of its exit are held.
+    /// (`PF_EXITING` would say it directly, but reading `/proc/PID/stat`
+    /// of a process inside execve waits for the exec: here, for good.)
+    block_after_getattr: std::sync::Arc<std::sync::atomic::AtomicBool>,
     held: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+}
+
+/// The thread group of thread `tid` (`Tgid:` of `/proc/TID/status`, which
+/// can be read while the process is inside execve); 0 if unknown.
+fn fuse_tgid(tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:").map(|v| v.trim().parse::<u32>().ok()))
+                .flatten()
+        })
+        .unwrap_or(0)
 }
 
 fn fuse_attr(ino: u64, mode: u32, size: u64) -> Vec<u8> {
@@ -4524,7 +4545,13 @@ impl FuseMem {
         }
         // SAFETY: a fresh descriptor we own.
         let dev = unsafe { File::from_raw_fd(fd) };
-        let dir = std::env::temp_dir().join(format!("vuc-review-fuse-{}", std::process::id()));
+        // (One directory per mount: the tests run side by side.)
+        static MOUNTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "vuc-review-fuse-{}-{}",
+            std::process::id(),
+            MOUNTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let _ = std::fs::create_dir(&dir);
         let cdir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
         let opts = std::ffi::CString::new(format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other"))
@@ -4555,8 +4582,15 @@ impl FuseMem {
             )
         };
         let block = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let block_after_getattr = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (b, mut d, h) = (block.clone(), dev.try_clone().unwrap(), held.clone());
+        let (b, bg, mut d, h) = (
+            block.clone(),
+            block_after_getattr.clone(),
+            dev.try_clone().unwrap(),
+            held.clone(),
+        );
+        let mut getattr_from = std::collections::HashSet::new();
         let me = std::process::id();
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 1 << 20];
@@ -4607,6 +4641,12 @@ impl FuseMem {
                     }
                     3 => {
                         // GETATTR
+                        if bg.load(std::sync::atomic::Ordering::SeqCst) {
+                            let t = fuse_tgid(pid);
+                            if t != 0 {
+                                getattr_from.insert(t);
+                            }
+                        }
                         let mut o = vec![0u8; 16];
                         o.extend_from_slice(&if nodeid == 1 {
                             fuse_attr(1, 0o040_777, 0)
@@ -4624,17 +4664,10 @@ impl FuseMem {
                     }
                     25 => {
                         // FLUSH
-                        let tgid = std::fs::read_to_string(format!("/proc/{pid}/status"))
-                            .ok()
-                            .and_then(|s| {
-                                s.lines()
-                                    .find_map(|l| {
-                                        l.strip_prefix("Tgid:").map(|v| v.trim().parse::<u32>().ok())
-                                    })
-                                    .flatten()
-                            })
-                            .unwrap_or(0);
-                        if b.load(std::sync::atomic::Ordering::SeqCst) && tgid != me && tgid != spare {
+                        let tgid = fuse_tgid(pid);
+                        let hold = b.load(std::sync::atomic::Ordering::SeqCst)
+                            || (bg.load(std::sync::atomic::Ordering::SeqCst) && getattr_from.contains(&tgid));
+                        if hold && tgid != me && tgid != spare {
                             eprintln!("fuse: FLUSH from pid {pid} (tgid {tgid}) left unanswered");
                             h.lock().unwrap().push(unique);
                             continue;
@@ -4657,6 +4690,7 @@ impl FuseMem {
             dir,
             dev,
             block,
+            block_after_getattr,
             held,
         })
     }
@@ -4762,5 +4796,68 @@ fn a_frontend_that_never_answers_the_helpers_flush_cannot_wedge_the_daemon() {
         "no answer to SET_MEM_TABLE within 4 s (the pump waits for the helper)"
     );
     served.expect("the next frontend after a FUSE memory table whose helper's FLUSH is never answered");
+    daemon.assert_alive("a FUSE memory table");
+}
+
+/// The exit side of the same: the helper's execve gets its FLUSHes
+/// answered and the helper gives its answer, but the closes of its exit
+/// (the region file, after its stdout) wait on a FLUSH the frontend never
+/// answers. The daemon takes the answer at its last line and waits at
+/// most 100 ms for the helper to be reaped (then keeps it with the stuck
+/// ones). Waiting for the helper's exit instead (`child.wait()` in
+/// `reap_or_keep`) runs into the check's 2 s limit: a region whose check
+/// passed is refused with a disconnect, as this test then shows.
+#[test]
+fn a_frontend_that_never_answers_the_helpers_exit_flush_cannot_wedge_the_daemon() {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skipped("mounting FUSE needs root here");
+        return;
+    }
+    let mut daemon = Daemon::spawn(&[]);
+    let Some(fuse) = FuseMem::mount(daemon.pid()) else {
+        skipped("no FUSE here");
+        return;
+    };
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fuse.dir.join("mem"))
+        .unwrap();
+    fuse.block_after_getattr
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let c = Conn::negotiated(&daemon.sock);
+    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+    c.send(
+        SET_MEM_TABLE,
+        V1 | NEED_REPLY,
+        &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+        &[mem.as_raw_fd()],
+    )
+    .unwrap();
+    let start = Instant::now();
+    let got = c.recv();
+    let took = start.elapsed();
+    // Accepted (a FUSE file cannot be sealed: without
+    // --require-sealed-memory that is a warning, and the reply is 0).
+    let answered =
+        matches!(&got, Got::Msg(r, _, p) if *r == SET_MEM_TABLE && p.as_slice() == 0u64.to_le_bytes());
+    eprintln!("SET_MEM_TABLE of a FUSE file, exit FLUSH held: answered {answered} after {took:?}");
+    drop(c);
+    let served = served_within(&mut daemon, Duration::from_secs(5));
+    let held = fuse.held.lock().unwrap().len();
+    eprintln!("next frontend: {served:?}; FLUSHes held: {held}");
+    fuse.block_after_getattr
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    drop(fuse);
+    drop(mem);
+    // (Otherwise the helper never reached its exit's close: the test
+    // would show nothing.)
+    assert!(held > 0, "no FLUSH from an exiting helper was held");
+    assert!(
+        answered,
+        "no reply to SET_MEM_TABLE (the check waited for the helper's exit, past its limit)"
+    );
+    served.expect("the next frontend after a FUSE memory table whose helper's exit FLUSH is never answered");
     daemon.assert_alive("a FUSE memory table");
 }
