@@ -675,12 +675,18 @@ impl Soak<'_, '_> {
         put.bytes.resize(n0 + n1, 0);
         let bytes = &mut put.bytes;
         dq.raw_desc_images(slot, &descs, indirect, |gpa, d| {
+            // (Every image lies in one of the two areas, by construction.)
             let at = if gpa.wrapping_sub(a0) < n0 as u64 {
-                (gpa - a0) as usize
+                Some((gpa - a0) as usize)
+            } else if gpa.wrapping_sub(a1) < n1 as u64 {
+                Some(n0 + (gpa - a1) as usize)
             } else {
-                n0 + gpa.wrapping_sub(a1) as usize
+                None
             };
-            if let Some(b) = bytes.get_mut(at..).and_then(|b| b.get_mut(..16)) {
+            if let Some(b) = at
+                .and_then(|at| bytes.get_mut(at..))
+                .and_then(|b| b.get_mut(..16))
+            {
                 b.copy_from_slice(&d);
             }
         })
