@@ -983,9 +983,10 @@ fn check_in_helper(
     let deadline = std::time::Instant::now() + MEMORY_CHECK_LIMIT;
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
-    // Until the answer's last line, not until EOF: the helper's exit
-    // closes the region files after its stdout, and closing one can wait
-    // on the frontend (a FUSE file's FLUSH).
+    // Until the answer's last line, not until EOF: after its answer the
+    // helper closes the region files (when `memory_check_helper_main`
+    // returns, its stdout still open), and closing one can wait on the
+    // frontend (a FUSE file's FLUSH).
     let answered = |out: &[u8]| {
         out.ends_with(b"\n")
             && out[..out.len() - 1]

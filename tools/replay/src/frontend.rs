@@ -917,9 +917,10 @@ impl DriverQueue {
 
     /// The descriptors [`DriverQueue::submit_descs`]`(slot, descs,
     /// indirect)` writes, each handed to `put` as (guest address, its 16
-    /// bytes) in the order written: in indirect mode the table's entries,
-    /// then the head in the ring's table; in chain mode the chain. Nothing
-    /// is written here. Returns the head's index in the ring's table.
+    /// bytes) in the order written: for an indirect request (`indirect`,
+    /// on a queue in either mode) the table's entries, then the head in
+    /// the ring's table; for a direct chain the chain. Nothing is written
+    /// here. Returns the head's index in the ring's table.
     ///
     /// # Errors
     /// As [`DriverQueue::submit_descs`], before anything is handed to `put`.

@@ -683,6 +683,10 @@ impl Soak<'_, '_> {
             } else {
                 None
             };
+            debug_assert!(
+                at.is_some(),
+                "descriptor image at {gpa:#x} outside its request's areas"
+            );
             if let Some(b) = at
                 .and_then(|at| bytes.get_mut(at..))
                 .and_then(|b| b.get_mut(..16))
