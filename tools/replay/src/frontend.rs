@@ -552,35 +552,17 @@ impl DriverQueue {
         in_place: bool,
     ) {
         debug_assert_eq!(b, self.buf(slot));
-        let shape = Some((iv_len, len, digest_len, in_place));
-        let old = self.shape.get(b).copied().flatten();
-        let unchanged = old == shape;
-        let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
+        let shape = (iv_len, len, digest_len, in_place);
         // The usual case, a slot reused with the same shape, writes no
         // descriptor: the descriptors are laid out only when some are
         // (re)written (the set's table for a new shape; in indirect mode
         // also the slot's head when it was written for another shape).
-        let rewrite = match self.desc_mode {
-            DescMode::Chain => !unchanged,
-            DescMode::Indirect => !unchanged || old_head != shape,
-        };
-        if rewrite && self.desc_fault.is_none() {
-            // What is rewritten below must still be as this tool left it,
-            // or a backend's write to it would be repaired unseen before
-            // [`DriverQueue::check_descs`] looks.
-            let old_table = old.filter(|_| !unchanged);
-            self.desc_fault = match self.desc_mode {
-                DescMode::Indirect => old_table
-                    .and_then(|o| self.table_fault(b, o))
-                    .or_else(|| old_head.and_then(|o| self.head_fault(slot, o))),
-                DescMode::Chain => old_table.and_then(|o| self.chain_fault(slot, o)),
-            };
-        }
-        if let Some(s) = self.shape.get_mut(b) {
-            *s = shape;
-        }
+        let unchanged = self.shape.get(b) == Some(&Some(shape));
+        let rewrite = !unchanged
+            || (self.desc_mode == DescMode::Indirect
+                && self.head_shape.get(usize::from(slot)) != Some(&Some(shape)));
         let head = match self.desc_mode {
-            _ if rewrite => self.write_descs(slot, (iv_len, len, digest_len, in_place), unchanged),
+            _ if rewrite => self.rewrite_descs(slot, b, shape, unchanged),
             DescMode::Chain => slot * DESCS_PER_REQUEST,
             DescMode::Indirect => slot,
         };
@@ -589,6 +571,33 @@ impl DriverQueue {
         self.mem
             .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);
+    }
+
+    /// [`DriverQueue::submit_request_in`]'s descriptors for `slot`, of
+    /// buffer set `b`, when some are (re)written for `shape` (`unchanged`:
+    /// the set's table holds that shape already). What is rewritten must
+    /// still be as this tool left it, or a backend's write to it would be
+    /// repaired unseen before [`DriverQueue::check_descs`] looks: it is
+    /// checked first (the first change found is kept for `check_descs`).
+    /// Returns the head. (Out of line: the usual request rewrites nothing,
+    /// and its path stays as short as before this check.)
+    #[cold]
+    #[inline(never)]
+    fn rewrite_descs(&mut self, slot: u16, b: usize, shape: (u32, u32, u32, bool), unchanged: bool) -> u16 {
+        if self.desc_fault.is_none() {
+            let old_table = self.shape.get(b).copied().flatten().filter(|_| !unchanged);
+            let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
+            self.desc_fault = match self.desc_mode {
+                DescMode::Indirect => old_table
+                    .and_then(|o| self.table_fault(b, o))
+                    .or_else(|| old_head.and_then(|o| self.head_fault(slot, o))),
+                DescMode::Chain => old_table.and_then(|o| self.chain_fault(slot, o)),
+            };
+        }
+        if let Some(s) = self.shape.get_mut(b) {
+            *s = Some(shape);
+        }
+        self.write_descs(slot, shape, unchanged)
     }
 
     /// Writes [`DriverQueue::submit_request`]'s descriptors for `slot`
