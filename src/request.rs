@@ -504,14 +504,14 @@ fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> bool {
             unsafe { std::sync::atomic::AtomicU64::from_ptr(p.add(8 * i) as *mut u64) }
                 .load(std::sync::atomic::Ordering::Relaxed)
         };
-        if N == 16 {
-            // The IV: written with one 16-byte store, because it is read
-            // back as one 16-byte value right away, and a load that spans
-            // two narrower stores is not forwarded from them but waits for
-            // them to reach the cache (in a live profile, `prepare` went
-            // from 17-19 % of the worker's samples to 11 %). The header's
-            // fields are read back one by one, each inside one 8-byte
-            // store.
+        if let Ok(out) = <&mut [u8; 16]>::try_from(&mut out[..]) {
+            // (N == 16.) The IV: written with one 16-byte store, because
+            // it is read back as one 16-byte value right away, and a load
+            // that spans two narrower stores is not forwarded from them
+            // but waits for them to reach the cache (in a live profile,
+            // `prepare` went from 17-19 % of the worker's samples to 11
+            // %). The header's fields are read back one by one, each
+            // inside one 8-byte store.
             store16(out, word(0), word(1));
         } else {
             for (i, w) in out.chunks_exact_mut(8).enumerate() {
@@ -527,13 +527,12 @@ fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> bool {
 /// Writes the 16 bytes `lo`, `hi` (native byte order) into `out` with one
 /// 16-byte store where the target has one.
 #[inline(always)]
-fn store16(out: &mut [u8], lo: u64, hi: u64) {
-    debug_assert_eq!(out.len(), 16);
+fn store16(out: &mut [u8; 16], lo: u64, hi: u64) {
     #[cfg(target_arch = "x86_64")]
-    if out.len() == 16 {
+    {
         use std::arch::x86_64::{__m128i, _mm_set_epi64x, _mm_storeu_si128};
         // SAFETY: SSE2 is part of the x86_64 baseline; `out` is 16
-        // writable bytes (checked), and the store has no alignment
+        // writable bytes (its type), and the store has no alignment
         // requirement.
         unsafe {
             _mm_storeu_si128(
@@ -541,11 +540,13 @@ fn store16(out: &mut [u8], lo: u64, hi: u64) {
                 _mm_set_epi64x(hi as i64, lo as i64),
             )
         };
-        return;
     }
-    let (a, b) = out.split_at_mut(8);
-    a.copy_from_slice(&lo.to_ne_bytes());
-    b.copy_from_slice(&hi.to_ne_bytes());
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let (a, b) = out.split_at_mut(8);
+        a.copy_from_slice(&lo.to_ne_bytes());
+        b.copy_from_slice(&hi.to_ne_bytes());
+    }
 }
 
 /// Writes `data` into a segment stream at `off` (the caller has checked
