@@ -68,6 +68,10 @@ enum Fault {
     ClobberDescs,
     /// The same, after the first request only.
     ClobberDescsOnce,
+    /// After the first request only, the device clears the flags of the
+    /// chain's head descriptor in the ring (in indirect mode the one that
+    /// points at the table, which stays as it was).
+    ClobberHeadOnce,
 }
 
 /// Session id -> (cipher key, direction, HMAC-SHA1 key of a chained session).
@@ -341,6 +345,7 @@ fn serve_ring(
             Fault::WideStatus => mem.write(status + slen as u64 - 1, &0u32.to_le_bytes()),
             Fault::ClobberDescs => mem.write(last_desc + 12, &[0, 0]),
             Fault::ClobberDescsOnce if n == 0 => mem.write(last_desc + 12, &[0, 0]),
+            Fault::ClobberHeadOnce if n == 0 => mem.write(desc + 16 * u64::from(head) + 12, &[0, 0]),
             _ => {}
         }
         if let Fault::StuckAndRepost(k) = fault {
@@ -730,7 +735,11 @@ const TRACE8: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key"
 /// the honest fake (0 mismatches) and against `fault`: every request
 /// completes right, and the changed descriptors are one mismatch.
 fn assert_descs_caught(trace: &str, requests: u64, fault: Fault) {
-    for mode in [DescMode::Indirect, DescMode::Chain] {
+    assert_descs_caught_in(&[DescMode::Indirect, DescMode::Chain], trace, requests, fault);
+}
+
+fn assert_descs_caught_in(modes: &[DescMode], trace: &str, requests: u64, fault: Fault) {
+    for &mode in modes {
         let honest = run_with(trace, 64, mode, &[Fault::None], 1).expect("returned");
         assert_eq!(
             (honest.requests, honest.mismatches),
@@ -765,6 +774,24 @@ fn device_write_to_descriptors_the_tool_then_rewrites_is_caught() {
     // (The tool's rewrite for the new shape repaired the changed
     // descriptor before the check after the run could see it.)
     assert_descs_caught(TRACE8_3, 11, Fault::ClobberDescsOnce);
+}
+
+/// 64 requests of 64 bytes, then three of 32 bytes, in one run of
+/// requests: in indirect mode the 65th takes the ring's first slot again
+/// (64 entries) with another shape, so the tool rewrites that slot's head
+/// descriptor. (Chain mode has 10 slots of 6 descriptors, reused with the
+/// same shape long before: there a changed head is read by the device
+/// again, not rewritten.)
+const TRACE64_3: &str = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":64,"seed":5}
+{"op":"generate","session":"e","opcode":"encrypt","size":32,"count":3,"seed":6}
+"#;
+
+#[test]
+fn device_write_to_a_head_descriptor_the_tool_then_rewrites_is_caught() {
+    // (In indirect mode the ring's head descriptor is checked apart from
+    // the table it points at, which this device leaves alone.)
+    assert_descs_caught_in(&[DescMode::Indirect], TRACE64_3, 67, Fault::ClobberHeadOnce);
 }
 
 #[test]
