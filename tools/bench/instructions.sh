@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Instructions per request, counted by valgrind's callgrind (this VM has no
 # hardware PMU, so `perf stat -e instructions` cannot count them). The
-# counts are exact and do not depend on the machine's load, unlike times.
+# daemon's count is exact and does not depend on the machine's load,
+# unlike times; the replay tool's runs live against the daemon, so how
+# often it polls and reaps varies, and its count by a few instructions per
+# request from run to run.
 #
 # - daemon: the in-process queue path (`benches/queue.rs`, 256 AES-128-CBC
 #   requests per QueueWorker::process call, indirect tables) run under
