@@ -4721,6 +4721,35 @@ impl Drop for FuseMem {
     }
 }
 
+/// For the FUSE tests: opens the FUSE server's file, sets `hold` (one of
+/// `fuse`'s FLUSH modes), sends the file in a SET_MEM_TABLE on a new
+/// connection to `daemon` and waits up to 4 s for the answer. Returns the
+/// file (to be dropped after `fuse`), the answer and how long it took.
+fn fuse_mem_table(
+    daemon: &Daemon,
+    fuse: &FuseMem,
+    hold: &std::sync::atomic::AtomicBool,
+) -> (File, Got, Duration) {
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(fuse.dir.join("mem"))
+        .unwrap();
+    hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let c = Conn::negotiated(&daemon.sock);
+    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+    c.send(
+        SET_MEM_TABLE,
+        V1 | NEED_REPLY,
+        &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+        &[mem.as_raw_fd()],
+    )
+    .unwrap();
+    let start = Instant::now();
+    let got = c.recv();
+    (mem, got, start.elapsed())
+}
+
 /// Review of 7b4ff39: the frontend's memory file is a FUSE file (its own
 /// FUSE server). Every close of a FUSE file descriptor, even of one copy,
 /// sends FLUSH to the server and waits for it, uninterruptibly. The forked
@@ -4746,34 +4775,16 @@ fn a_frontend_that_never_answers_the_helpers_flush_cannot_wedge_the_daemon() {
         skipped("no FUSE here");
         return;
     };
-    let mem = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(fuse.dir.join("mem"))
-        .unwrap();
-    fuse.block.store(true, std::sync::atomic::Ordering::SeqCst);
-    let c = Conn::negotiated(&daemon.sock);
-    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
-    c.send(
-        SET_MEM_TABLE,
-        V1 | NEED_REPLY,
-        &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
-        &[mem.as_raw_fd()],
-    )
-    .unwrap();
-    let start = Instant::now();
-    let got = c.recv();
+    let (mem, got, took) = fuse_mem_table(&daemon, &fuse, &fuse.block);
     let answered = !matches!(got, Got::TimedOut);
     eprintln!(
-        "SET_MEM_TABLE of a FUSE file: {} after {:?}",
+        "SET_MEM_TABLE of a FUSE file: {} after {took:?}",
         match got {
             Got::Msg(r, ..) => format!("reply to {r}"),
             Got::Closed => "disconnect".into(),
             Got::TimedOut => "nothing".into(),
         },
-        start.elapsed()
     );
-    drop(c);
     let served = served_within(&mut daemon, Duration::from_secs(5));
     let pid = daemon.pid();
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
@@ -4823,25 +4834,7 @@ fn a_frontend_that_never_answers_the_flush_after_the_helpers_answer_cannot_wedge
         skipped("no FUSE here");
         return;
     };
-    let mem = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(fuse.dir.join("mem"))
-        .unwrap();
-    fuse.block_after_getattr
-        .store(true, std::sync::atomic::Ordering::SeqCst);
-    let c = Conn::negotiated(&daemon.sock);
-    c.s.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
-    c.send(
-        SET_MEM_TABLE,
-        V1 | NEED_REPLY,
-        &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
-        &[mem.as_raw_fd()],
-    )
-    .unwrap();
-    let start = Instant::now();
-    let got = c.recv();
-    let took = start.elapsed();
+    let (mem, got, took) = fuse_mem_table(&daemon, &fuse, &fuse.block_after_getattr);
     // Accepted (a FUSE file cannot be sealed: without
     // --require-sealed-memory that is a warning, and the reply is 0).
     let answered =
@@ -4849,7 +4842,6 @@ fn a_frontend_that_never_answers_the_flush_after_the_helpers_answer_cannot_wedge
     eprintln!(
         "SET_MEM_TABLE of a FUSE file, the helper's last FLUSH held: answered {answered} after {took:?}"
     );
-    drop(c);
     let served = served_within(&mut daemon, Duration::from_secs(5));
     // (The FUSE server may take the FLUSH off /dev/fuse a little later.)
     let until = Instant::now() + Duration::from_secs(2);
