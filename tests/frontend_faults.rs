@@ -4721,6 +4721,22 @@ impl Drop for FuseMem {
     }
 }
 
+/// For the FUSE tests: a daemon and a FUSE server whose FLUSH modes know
+/// it, or `None`, recorded as skipped, without root or FUSE.
+fn fuse_daemon() -> Option<(Daemon, FuseMem)> {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skipped("mounting FUSE needs root here");
+        return None;
+    }
+    let daemon = Daemon::spawn(&[]);
+    let Some(fuse) = FuseMem::mount(daemon.pid()) else {
+        skipped("no FUSE here");
+        return None;
+    };
+    Some((daemon, fuse))
+}
+
 /// For the FUSE tests: opens the FUSE server's file, sets `hold` (one of
 /// `fuse`'s FLUSH modes), sends the file in a SET_MEM_TABLE on a new
 /// connection to `daemon` and waits up to 4 s for the answer. Returns the
@@ -4765,14 +4781,7 @@ fn fuse_mem_table(
 /// aborted through fusectl).
 #[test]
 fn a_frontend_that_never_answers_the_helpers_flush_cannot_wedge_the_daemon() {
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        skipped("mounting FUSE needs root here");
-        return;
-    }
-    let mut daemon = Daemon::spawn(&[]);
-    let Some(fuse) = FuseMem::mount(daemon.pid()) else {
-        skipped("no FUSE here");
+    let Some((mut daemon, fuse)) = fuse_daemon() else {
         return;
     };
     let (mem, got, took) = fuse_mem_table(&daemon, &fuse, &fuse.block);
@@ -4824,14 +4833,7 @@ fn a_frontend_that_never_answers_the_helpers_flush_cannot_wedge_the_daemon() {
 /// disconnect, as this test then shows.
 #[test]
 fn a_frontend_that_never_answers_the_flush_after_the_helpers_answer_cannot_wedge_the_daemon() {
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        skipped("mounting FUSE needs root here");
-        return;
-    }
-    let mut daemon = Daemon::spawn(&[]);
-    let Some(fuse) = FuseMem::mount(daemon.pid()) else {
-        skipped("no FUSE here");
+    let Some((mut daemon, fuse)) = fuse_daemon() else {
         return;
     };
     let (mem, got, took) = fuse_mem_table(&daemon, &fuse, &fuse.block_after_getattr);
