@@ -950,12 +950,7 @@ impl DriverQueue {
             for (i, d) in descs.iter().enumerate() {
                 put(table + 16 * i as u64, d.to_bytes());
             }
-            let d = Desc {
-                addr: table,
-                len: 16 * descs.len() as u32,
-                flags: VRING_DESC_F_INDIRECT,
-                next: 0,
-            };
+            let d = indirect_head(table, descs.len());
             let head = match self.desc_mode {
                 DescMode::Indirect => slot,
                 DescMode::Chain => slot * DESCS_PER_REQUEST,
