@@ -246,10 +246,10 @@ pub struct DriverQueue {
     /// The (iv_len, len, digest_len, in_place) whose descriptors each
     /// buffer set holds, so a set reused with the same shape is not
     /// rewritten.
-    shape: Vec<Option<(u32, u32, u32, bool)>>,
+    shape: Vec<Option<Shape>>,
     /// Per slot (indirect mode): the shape of the set's table its head
     /// descriptor was last written for.
-    head_shape: Vec<Option<(u32, u32, u32, bool)>>,
+    head_shape: Vec<Option<Shape>>,
     /// The first descriptor found changed when it was about to be
     /// rewritten for a new shape, for [`DriverQueue::check_descs`].
     desc_fault: Option<String>,
@@ -332,6 +332,11 @@ fn slot_size(max_payload: usize, max_iv: usize) -> usize {
         + 16 * MAX_RAW_DESCS
         + DIGEST_AREA.next_multiple_of(SLOT_ALIGN)
 }
+
+/// A request's descriptor shape: (IV bytes, src = dst bytes, hash result
+/// bytes, in place). Requests of one shape in one buffer set have the same
+/// descriptors.
+type Shape = (u32, u32, u32, bool);
 
 /// The ring descriptor that points at an indirect table of `n` entries
 /// at `table`.
@@ -583,7 +588,7 @@ impl DriverQueue {
     /// and its path stays as short as before this check.)
     #[cold]
     #[inline(never)]
-    fn rewrite_descs(&mut self, slot: u16, b: usize, shape: (u32, u32, u32, bool), unchanged: bool) -> u16 {
+    fn rewrite_descs(&mut self, slot: u16, b: usize, shape: Shape, unchanged: bool) -> u16 {
         if self.desc_fault.is_none() {
             let old_table = self.shape.get(b).copied().flatten().filter(|_| !unchanged);
             let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
@@ -606,7 +611,7 @@ impl DriverQueue {
     /// and the slot's head descriptor, in chain mode the chain. Returns
     /// the head.
     #[inline(never)]
-    fn write_descs(&mut self, slot: u16, shape: (u32, u32, u32, bool), unchanged: bool) -> u16 {
+    fn write_descs(&mut self, slot: u16, shape: Shape, unchanged: bool) -> u16 {
         let (descs, n) = self.shape_descs(self.buf(slot), shape);
         match self.desc_mode {
             DescMode::Indirect => {
@@ -643,11 +648,7 @@ impl DriverQueue {
     /// result when it has bytes, status, each but the last with NEXT and
     /// `next` numbered from 0 (an indirect table's own numbering; a direct
     /// chain adds its first index, [`chained`]). Returns them and how many.
-    fn shape_descs(
-        &self,
-        b: usize,
-        shape: (u32, u32, u32, bool),
-    ) -> ([Desc; DESCS_PER_REQUEST as usize], usize) {
+    fn shape_descs(&self, b: usize, shape: Shape) -> ([Desc; DESCS_PER_REQUEST as usize], usize) {
         let (iv_len, len, digest_len, in_place) = shape;
         let l = self.set_layout(b);
         let dst = if in_place { l.src } else { l.dst };
@@ -746,7 +747,7 @@ impl DriverQueue {
     /// [`DriverQueue::write_descs`] put there for `shape`.
     #[cold]
     #[inline(never)]
-    fn table_fault(&self, b: usize, shape: (u32, u32, u32, bool)) -> Option<String> {
+    fn table_fault(&self, b: usize, shape: Shape) -> Option<String> {
         let (descs, n) = self.shape_descs(b, shape);
         let table = self.set_layout(b).table;
         (0..n)
@@ -758,7 +759,7 @@ impl DriverQueue {
     /// head written for `shape`.
     #[cold]
     #[inline(never)]
-    fn head_fault(&self, slot: u16, shape: (u32, u32, u32, bool)) -> Option<String> {
+    fn head_fault(&self, slot: u16, shape: Shape) -> Option<String> {
         let n = self.shape_descs(self.buf(slot), shape).1;
         let d = indirect_head(self.layout(slot).table, n);
         (self.desc_at(self.desc + 16 * u64::from(slot)) != d.to_bytes())
@@ -769,7 +770,7 @@ impl DriverQueue {
     /// `shape` (chain mode: the slot's buffer set is the slot's own).
     #[cold]
     #[inline(never)]
-    fn chain_fault(&self, slot: u16, shape: (u32, u32, u32, bool)) -> Option<String> {
+    fn chain_fault(&self, slot: u16, shape: Shape) -> Option<String> {
         let (descs, n) = self.shape_descs(usize::from(slot), shape);
         let base = slot * DESCS_PER_REQUEST;
         (0..n)
