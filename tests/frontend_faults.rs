@@ -4495,12 +4495,16 @@ fn exit_status_3_finishes_while_a_memory_check_waits_on_the_frontends_lock() {
 // ---- review: a FUSE file whose FLUSH the frontend never answers ----
 
 /// A minimal FUSE server (raw /dev/fuse protocol 7.31) with one regular
-/// file `mem` of `MEM_SIZE` bytes; FLUSH requests from processes other than
-/// this test and `spare` are left unanswered while `block` is set.
+/// file `mem` of `MEM_SIZE` bytes; FLUSH requests from children of `spare`
+/// (the daemon: its memory-check helpers) are left unanswered while `block`
+/// is set.
 struct FuseMem {
     dir: std::path::PathBuf,
     dev: File,
-    /// Hold every FLUSH from a process other than the daemon and the test.
+    /// Hold every FLUSH from a child of the daemon. (Only its children: a
+    /// daemon that another test spawns at the same moment gets a copy of
+    /// this test's FUSE descriptors between its fork and its exec, and its
+    /// exec's FLUSH must not wait for this test to end.)
     block: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Hold those only from a process that asked for the file's
     /// attributes before (GETATTR, which a process in execve does not
@@ -4514,17 +4518,23 @@ struct FuseMem {
     held: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
 }
 
-/// The thread group of thread `tid` (`Tgid:` of `/proc/TID/status`, which
-/// can be read while the process is inside execve); 0 if unknown.
-fn fuse_tgid(tid: u32) -> u32 {
+/// Field `name` (`"Tgid:"`, `"PPid:"`) of `/proc/TID/status` for thread
+/// `tid`, which can be read while the process is inside execve; 0 if
+/// unknown.
+fn fuse_status_field(tid: u32, name: &str) -> u32 {
     std::fs::read_to_string(format!("/proc/{tid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("Tgid:").map(|v| v.trim().parse::<u32>().ok()))
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().parse::<u32>().ok()))
                 .flatten()
         })
         .unwrap_or(0)
+}
+
+/// The thread group of thread `tid`; 0 if unknown.
+fn fuse_tgid(tid: u32) -> u32 {
+    fuse_status_field(tid, "Tgid:")
 }
 
 fn fuse_attr(ino: u64, mode: u32, size: u64) -> Vec<u8> {
@@ -4669,7 +4679,7 @@ impl FuseMem {
                         let tgid = fuse_tgid(pid);
                         let hold = b.load(std::sync::atomic::Ordering::SeqCst)
                             || (bg.load(std::sync::atomic::Ordering::SeqCst) && getattr_from.contains(&tgid));
-                        if hold && tgid != me && tgid != spare {
+                        if hold && tgid != me && tgid != spare && fuse_status_field(pid, "PPid:") == spare {
                             eprintln!("fuse: FLUSH from pid {pid} (tgid {tgid}) left unanswered");
                             h.lock().unwrap().push(unique);
                             continue;
@@ -4773,8 +4783,8 @@ fn fuse_mem_table(
 /// descriptors (the received one, the F_DUPFD_CLOEXEC copies of pre_exec);
 /// the standard library's `spawn` waits for the exec to finish, on the
 /// request pump, before `check_in_helper`'s 2 s limit even starts. Only
-/// FLUSHes from processes other than the daemon (and this test) are held:
-/// the daemon's own closes are answered. Before 7b4ff39 (checks on a
+/// FLUSHes from the daemon's children (its helpers) are held: the daemon's
+/// own closes are answered. Before 7b4ff39 (checks on a
 /// thread) the same test gets its reply within 1 ms and the next frontend
 /// is served at once; now: no reply, no next frontend, for as long as the
 /// frontend holds the FLUSH (30 min in one run, until the connection was
