@@ -81,6 +81,7 @@ export VUC_SKIPPED_TESTS=$PWD/target/skipped-tests.txt
 passed_in() { awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($i ~ /^passed;?$/) s += $(i-1) } END { print s + 0 }' "$1"; }
 lines_in() { cat "$@" 2>/dev/null | grep -c . || true; }
 cargo test --release --workspace 2>&1 | tee target/test-output.log
+# (Counted now: the later runs append to the same log.)
 results=$(passed_in target/test-output.log)
 log "key zeroization and the worker filter once more in an unoptimised build (stack copies and std's debug checks differ there)"
 unopt_skips=$PWD/target/skipped-tests-unoptimised.txt
@@ -142,5 +143,9 @@ log "all tests passed"
 if [ "$n_skipped" -gt 0 ]; then
     echo "skipped here, for want of what they need (they checked nothing):"
     sed 's/^/  /' <<<"$skipped"
+fi
+if [ "$unopt_skipped" -gt 0 ]; then
+    echo "skipped in the unoptimised run:"
+    sed 's/^/  /' "$unopt_skips"
 fi
 echo "tests: $passed passed, $n_skipped skipped, 0 failed; run once more unoptimised: $((unopt_results - unopt_skipped)) passed, $unopt_skipped skipped"
