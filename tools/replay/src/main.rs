@@ -178,8 +178,8 @@ struct RunArgs {
     /// Number of data queues.
     #[arg(long, default_value_t = 1)]
     queues: u16,
-    /// Entries per ring (power of two).
-    #[arg(long, default_value_t = 1024)]
+    /// Entries per ring (power of two, 1 to 32768).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(1..=32768))]
     queue_size: u16,
     /// Requests in flight per queue.
     #[arg(long, default_value_t = 128)]
@@ -191,7 +191,9 @@ struct RunArgs {
     #[arg(long)]
     memory_mib: Option<usize>,
     /// Drive DPDK 22.11's vhost-crypto: rings enabled before the first
-    /// CREATE, layout A, indirect tables, ring slot i = head i, polling.
+    /// CREATE, layout A, indirect tables, ring slot i = head i, polling
+    /// (layout A and indirect tables override --session-abi and
+    /// --descriptors).
     #[arg(long)]
     dpdk: bool,
     /// Replay the trace this many times (at least 1).
@@ -349,8 +351,16 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
             ExitCode::from(1)
         });
     };
-    let mut fe = CryptoFrontend::connect(&other, &dpdk_cfg).map_err(|e| e.to_string())?;
-    let dpdk = replay(&mut fe, &trace, &opts).map_err(|e| e.to_string())?;
+    // (Our run's report is printed with the comparison, so a DPDK side
+    // that cannot be reached loses it: print it first then.)
+    let mut fe = match CryptoFrontend::connect(&other, &dpdk_cfg) {
+        Ok(fe) => fe,
+        Err(e) => {
+            eprint!("{}", report.summary());
+            return Err(format!("--dpdk-diff {}: {e}", other.display()));
+        }
+    };
+    let dpdk = replay(&mut fe, &trace, &opts).map_err(|e| format!("--dpdk-diff {}: {e}", other.display()))?;
     let cmp = compare_outcomes(&report.outcomes, &dpdk.outcomes, 10);
     if a.json {
         let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
@@ -398,6 +408,19 @@ mod tests {
     #[test]
     fn command_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn queue_size_range_is_checked_by_the_parser() {
+        for bad in ["0", "32769", "65535"] {
+            let e = parse(&["--spawn-daemon", "--queue-size", bad, "t.jsonl"]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
+            assert!(e.to_string().contains("1..=32768"), "{e}");
+        }
+        for good in ["1", "32768"] {
+            let cli = parse(&["--spawn-daemon", "--queue-size", good, "t.jsonl"]).unwrap();
+            assert_eq!(cli.run.queue_size.to_string(), good);
+        }
     }
 
     #[test]
