@@ -5,7 +5,8 @@
 //! 16 KiB, encrypt and decrypt, AES-128/192/256, direct and indirect
 //! layouts cut at random offsets, sessions rekeyed while other requests are
 //! in flight, requests naming closed sessions). The soak checks every
-//! completion against the `algorithms` crate's reference path; here every
+//! completion against the replay tool's reference cipher (RustCrypto
+//! `cbc`/`aes` used directly, not through `algorithms`); here every
 //! output is checked a second time against OpenSSL, which shares no code
 //! with the daemon, and the completions the observer sees are counted per
 //! sequence number (each exactly once).

@@ -162,6 +162,15 @@ pub struct FrontendConfig {
     pub dpdk: bool,
 }
 
+/// The largest ring this tool sets up (entries; a power of two).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+
+/// Whether `n` is a ring size this tool accepts: a power of two up to
+/// [`MAX_QUEUE_SIZE`].
+pub fn queue_size_ok(n: u16) -> bool {
+    n.is_power_of_two() && n <= MAX_QUEUE_SIZE
+}
+
 impl FrontendConfig {
     /// Checks the options against each other.
     ///
@@ -172,9 +181,9 @@ impl FrontendConfig {
         if self.queues == 0 {
             return bad("--queues must be at least 1".into());
         }
-        if !self.queue_size.is_power_of_two() || self.queue_size > 32768 {
+        if !queue_size_ok(self.queue_size) {
             return bad(format!(
-                "--queue-size {} is not a power of two in 1..=32768",
+                "--queue-size {} is not a power of two in 1..={MAX_QUEUE_SIZE}",
                 self.queue_size
             ));
         }

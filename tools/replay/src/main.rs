@@ -8,12 +8,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
+use vhost_crypto_replay::frontend::{
+    queue_size_ok, CryptoFrontend, DescMode, FrontendConfig, MAX_QUEUE_SIZE,
+};
 use vhost_crypto_replay::gen::{generate, GenOpcode, GenOptions};
 use vhost_crypto_replay::replay::{compare_outcomes, replay, ReplayOptions};
 use vhost_crypto_replay::soak::{soak, Layouts, SoakOptions};
 use vhost_crypto_replay::spawn::SpawnedDaemon;
-use vhost_crypto_replay::trace::Trace;
+use vhost_crypto_replay::trace::{Step, Trace};
 use vhost_user_crypto::session_msg::SessionAbi;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -179,7 +181,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 1)]
     queues: u16,
     /// Entries per ring (power of two, 1 to 32768).
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(1..=32768))]
+    #[arg(long, default_value_t = 1024, value_parser = parse_queue_size)]
     queue_size: u16,
     /// Requests in flight per queue.
     #[arg(long, default_value_t = 128)]
@@ -211,6 +213,15 @@ struct RunArgs {
     /// are compared and reported apart: DPDK's differ on failed verifies).
     #[arg(long, value_name = "SOCKET", conflicts_with = "dpdk")]
     dpdk_diff: Option<PathBuf>,
+}
+
+/// `--queue-size`: a power of two up to [`MAX_QUEUE_SIZE`], checked
+/// before the trace is loaded (the frontend checks it again).
+fn parse_queue_size(s: &str) -> Result<u16, String> {
+    match s.parse::<u16>() {
+        Ok(n) if queue_size_ok(n) => Ok(n),
+        _ => Err(format!("not a power of two in 1..={MAX_QUEUE_SIZE}")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -294,14 +305,26 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
         DescArg::Indirect => DescMode::Indirect,
     };
     if a.dpdk || a.dpdk_diff.is_some() {
+        let flag = if a.dpdk { "--dpdk" } else { "--dpdk-diff" };
         if a.dpdk {
             abi = SessionAbi::A;
             desc_mode = DescMode::Indirect;
         }
         if trace.max_payload() > 2048 {
             return Err(format!(
-                "--dpdk: DPDK 22.11 never completes cipher requests over 2048 bytes; the trace has {}",
+                "{flag}: DPDK 22.11 never completes cipher requests over 2048 bytes; the trace has {}",
                 trace.max_payload()
+            ));
+        }
+        // DPDK is driven with indirect tables only (its vhost-crypto
+        // needs head i in ring slot i).
+        if let Some(r) = trace.steps.iter().find_map(|s| match s {
+            Step::Raw(r) if r.indirect == Some(false) => Some(r),
+            _ => None,
+        }) {
+            return Err(format!(
+                "{flag}: DPDK is driven with indirect tables only; trace line {} is a raw direct chain",
+                r.line
             ));
         }
     }
@@ -351,16 +374,29 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
             ExitCode::from(1)
         });
     };
-    // (Our run's report is printed with the comparison, so a DPDK side
-    // that cannot be reached loses it: print it first then.)
-    let mut fe = match CryptoFrontend::connect(&other, &dpdk_cfg) {
-        Ok(fe) => fe,
+    // Our run's report is printed with the comparison: a DPDK side that
+    // cannot be reached or driven would lose it, so it is printed on its
+    // own then (in JSON with `"dpdk": null` and the error), and the
+    // error follows (exit 2, whatever our run's result).
+    let dpdk = CryptoFrontend::connect(&other, &dpdk_cfg)
+        .map_err(|e| e.to_string())
+        .and_then(|mut fe| replay(&mut fe, &trace, &opts).map_err(|e| e.to_string()));
+    let dpdk = match dpdk {
+        Ok(d) => d,
         Err(e) => {
-            eprint!("{}", report.summary());
-            return Err(format!("--dpdk-diff {}: {e}", other.display()));
+            let e = format!("--dpdk-diff: {e}");
+            if a.json {
+                let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+                v["dpdk"] = serde_json::Value::Null;
+                v["comparison"] = serde_json::Value::Null;
+                v["dpdk_error"] = e.clone().into();
+                println!("{v}");
+            } else {
+                print!("{}", report.summary());
+            }
+            return Err(e);
         }
     };
-    let dpdk = replay(&mut fe, &trace, &opts).map_err(|e| format!("--dpdk-diff {}: {e}", other.display()))?;
     let cmp = compare_outcomes(&report.outcomes, &dpdk.outcomes, 10);
     if a.json {
         let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
@@ -411,13 +447,13 @@ mod tests {
     }
 
     #[test]
-    fn queue_size_range_is_checked_by_the_parser() {
-        for bad in ["0", "32769", "65535"] {
+    fn queue_size_is_checked_by_the_parser() {
+        for bad in ["0", "1000", "32769", "65535", "65536", "x"] {
             let e = parse(&["--spawn-daemon", "--queue-size", bad, "t.jsonl"]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
-            assert!(e.to_string().contains("1..=32768"), "{e}");
+            assert!(e.to_string().contains("power of two in 1..=32768"), "{e}");
         }
-        for good in ["1", "32768"] {
+        for good in ["1", "256", "32768"] {
             let cli = parse(&["--spawn-daemon", "--queue-size", good, "t.jsonl"]).unwrap();
             assert_eq!(cli.run.queue_size.to_string(), good);
         }

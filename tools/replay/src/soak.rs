@@ -42,7 +42,8 @@ use vhost_user_crypto::wire::{OpDataReq, OP_DATA_REQ_SIZE};
 use zeroize::Zeroizing;
 
 use crate::frontend::{
-    CryptoFrontend, DescMode, Error, FrontendConfig, SlotLayout, Used, DESCS_PER_REQUEST, MAX_RAW_DESCS,
+    CryptoFrontend, DescMode, Error, FrontendConfig, SlotLayout, Used, DESCS_PER_REQUEST, MAX_QUEUE_SIZE,
+    MAX_RAW_DESCS,
 };
 use crate::replay::{put_status_area, status_and_guard};
 use crate::trace::{ExpectStatus, Rng};
@@ -168,11 +169,12 @@ impl SoakOptions {
             Layouts::Mixed => (u32::from(DESCS_PER_REQUEST), "mixed"),
             Layouts::Chain => (u32::from(DESCS_PER_REQUEST), "chain"),
         };
-        if u32::from(self.queue_depth) * per_req > 32768 {
+        let max = u32::from(MAX_QUEUE_SIZE);
+        if u32::from(self.queue_depth) * per_req > max {
             return Err(format!(
-                "--queue-depth {} is above {}: with --descriptors {layouts} a request takes up to {per_req} of the largest ring's 32768 entries",
+                "--queue-depth {} is above {}: with --descriptors {layouts} a request takes up to {per_req} of the largest ring's {max} entries",
                 self.queue_depth,
-                32768 / per_req
+                max / per_req
             ));
         }
         Ok(())
@@ -188,7 +190,7 @@ impl SoakOptions {
         };
         let size = (u32::from(self.queue_depth) * per_req)
             .next_power_of_two()
-            .clamp(256, 32768);
+            .clamp(256, u32::from(MAX_QUEUE_SIZE));
         FrontendConfig {
             queues,
             queue_size: size as u16,

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
+//! The replay tool's command line where `--dpdk-diff` cannot go on: a
+//! trace DPDK cannot be driven with is refused before anything runs, and a
+//! DPDK side that cannot be reached keeps our run's summary (and JSON).
+
+#[path = "../../../tests/common/skip.rs"]
+mod skip;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TOOL: &str = env!("CARGO_BIN_EXE_vhost-crypto-replay");
+
+fn trace(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces").join(name)
+}
+
+/// The daemon binary next to the tool (`--spawn-daemon`'s default), if
+/// the workspace's binaries are built.
+fn daemon() -> Option<PathBuf> {
+    let d = Path::new(TOOL).with_file_name("vhost-user-crypto");
+    d.exists().then_some(d)
+}
+
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(TOOL)
+        .args(args)
+        .output()
+        .expect("run vhost-crypto-replay");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn missing_socket(tag: &str) -> String {
+    std::env::temp_dir()
+        .join(format!("vuc-cli-{}-{tag}-none.sock", std::process::id()))
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn an_unreachable_dpdk_diff_socket_keeps_our_runs_result() {
+    let Some(d) = daemon() else {
+        skip::skipped("vhost-user-crypto is not built next to the tool (cargo build --release --workspace)");
+        return;
+    };
+    let d = d.to_string_lossy().into_owned();
+    let t = trace("nist-sp800-38a.jsonl");
+    let t = t.to_str().unwrap();
+    let sock = missing_socket("diff");
+    let base = ["--spawn-daemon", "--daemon-bin", &d, "--dpdk-diff", &sock];
+
+    let (code, out, err) = run(&[&base[..], &[t]].concat());
+    assert_eq!(code, Some(2), "stdout {out}\nstderr {err}");
+    // Our run: the 18 NIST requests, all right.
+    assert!(
+        out.contains("requests:    18\n") && out.contains("mismatches:  0\n"),
+        "{out}"
+    );
+    assert!(
+        err.contains(&format!("--dpdk-diff: cannot connect to {sock}")),
+        "{err}"
+    );
+
+    let (code, out, err) = run(&[&base[..], &["--json", t]].concat());
+    assert_eq!(code, Some(2), "stdout {out}\nstderr {err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
+    assert_eq!(v["requests"], 18, "{v}");
+    assert_eq!(v["mismatches"], 0, "{v}");
+    assert!(v["dpdk"].is_null() && v["comparison"].is_null(), "{v}");
+    assert!(v["dpdk_error"].as_str().is_some_and(|e| e.contains(&sock)), "{v}");
+}
+
+#[test]
+fn a_trace_with_raw_direct_chains_is_refused_for_dpdk_before_anything_runs() {
+    // The session lines and the one raw direct chain of the hostile-guest
+    // trace (a 64-byte request: below DPDK's 2048-byte limit).
+    let all = std::fs::read_to_string(trace("hostile-guest.jsonl")).unwrap();
+    let lines: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains("\"create_session\"") || l.contains("\"indirect\":false"))
+        .collect();
+    assert!(
+        lines.len() >= 3 && lines.iter().any(|l| l.contains("\"indirect\":false")),
+        "{lines:?}"
+    );
+    let path = std::env::temp_dir().join(format!("vuc-cli-{}-direct.jsonl", std::process::id()));
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let p = path.to_str().unwrap();
+    // No backend at either socket: the check comes first.
+    let (ours, dpdk) = (missing_socket("ours"), missing_socket("dpdk"));
+    for args in [
+        vec![
+            "--socket",
+            &ours,
+            "--descriptors",
+            "chain",
+            "--dpdk-diff",
+            &dpdk,
+            p,
+        ],
+        vec!["--socket", &ours, "--dpdk", p],
+    ] {
+        let (code, out, err) = run(&args);
+        assert_eq!(code, Some(2), "{args:?}: stdout {out}\nstderr {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(
+            err.contains("DPDK is driven with indirect tables only; trace line 3 is a raw direct chain"),
+            "{args:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
+}
