@@ -5,7 +5,7 @@ root:
     python3 tools/traces/src/hostile_guest.py > tools/traces/hostile-guest.jsonl
 
 The trace holds the cases of
-shared/docs/hostile-guest-cases.md as raw descriptor-level requests for
+../shared/docs/hostile-guest-cases.md as raw descriptor-level requests for
 vhost-crypto-replay. Expected results are the file's; the only cipher bytes
 are NIST SP 800-38A F.2.1 (AES-128-CBC), typed in from the standard.
 
