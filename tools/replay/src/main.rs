@@ -220,7 +220,7 @@ struct RunArgs {
 fn parse_queue_size(s: &str) -> Result<u16, String> {
     match s.parse::<u16>() {
         Ok(n) if queue_size_ok(n) => Ok(n),
-        _ => Err(format!("not a power of two in 1..={MAX_QUEUE_SIZE}")),
+        _ => Err(format!("must be a power of two from 1 to {MAX_QUEUE_SIZE}")),
     }
 }
 
@@ -393,6 +393,7 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
                 println!("{v}");
             } else {
                 print!("{}", report.summary());
+                println!("--- DPDK ({}): not compared: {e}", other.display());
             }
             return Err(e);
         }
@@ -451,7 +452,10 @@ mod tests {
         for bad in ["0", "1000", "32769", "65535", "65536", "x"] {
             let e = parse(&["--spawn-daemon", "--queue-size", bad, "t.jsonl"]).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{bad}");
-            assert!(e.to_string().contains("power of two in 1..=32768"), "{e}");
+            assert!(
+                e.to_string().contains("must be a power of two from 1 to 32768"),
+                "{e}"
+            );
         }
         for good in ["1", "256", "32768"] {
             let cli = parse(&["--spawn-daemon", "--queue-size", good, "t.jsonl"]).unwrap();
