@@ -59,7 +59,7 @@ struct SoakArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Number of requests (at least 1).
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 100_000, value_parser = at_least_one::<u64>)]
     count: u64,
     /// Number of data queues.
     #[arg(long, default_value_t = 1)]
@@ -88,7 +88,7 @@ struct SoakArgs {
     #[arg(long)]
     json: bool,
     /// Seconds to wait for a completion before failing (at least 1).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one::<u64>)]
     timeout: u64,
 }
 
@@ -153,7 +153,7 @@ struct GenArgs {
     #[arg(long, default_value_t = 256)]
     size: usize,
     /// Number of requests (at least 1).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one::<u64>)]
     count: u64,
     /// Number of keys (each gets an encrypt and a decrypt session).
     #[arg(long, default_value_t = 1)]
@@ -199,13 +199,13 @@ struct RunArgs {
     #[arg(long)]
     dpdk: bool,
     /// Replay the trace this many times (at least 1).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = at_least_one::<u32>)]
     repeat: u32,
     /// Print one JSON object instead of the summary.
     #[arg(long)]
     json: bool,
     /// Seconds to wait for a completion before failing (at least 1).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 10, value_parser = at_least_one::<u64>)]
     timeout: u64,
     /// Differential mode: also replay the trace against DPDK 22.11's
     /// vhost_crypto at this socket (driven as with --dpdk) and compare every
@@ -213,6 +213,22 @@ struct RunArgs {
     /// are compared and reported apart: DPDK's differ on failed verifies).
     #[arg(long, value_name = "SOCKET", conflicts_with = "dpdk")]
     dpdk_diff: Option<PathBuf>,
+}
+
+/// A count or time that must be at least 1 (clap's own range check would
+/// name `u64::MAX` as the upper bound in its message).
+fn at_least_one<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+    T::Err: std::fmt::Display,
+{
+    match s.parse::<T>() {
+        Ok(n) if n >= T::from(1) => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        // "invalid digit found in string", "number too large to fit in
+        // target type", ...
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `--queue-size`: a power of two up to [`MAX_QUEUE_SIZE`], checked
@@ -519,7 +535,11 @@ mod tests {
         ] {
             let e = parse(args).unwrap_err();
             assert_eq!(e.kind(), ErrorKind::ValueValidation, "{args:?}");
+            assert!(e.to_string().contains("must be at least 1"), "{e}");
         }
+        let e = parse(&["--spawn-daemon", "--repeat", "x", "t.jsonl"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ValueValidation);
+        assert!(e.to_string().contains("invalid digit"), "{e}");
         assert!(parse(&["--spawn-daemon", "--repeat", "1", "--timeout", "1", "t.jsonl"]).is_ok());
     }
 
