@@ -49,6 +49,16 @@ pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
 /// `SET_PROTOCOL_FEATURES` with any other bit.
 pub const PROTOCOL_FEATURES: u64 = (1 << 0) | (1 << 3) | (1 << 7);
 
+/// How long a queue worker serves a busy ring, batch after batch, before
+/// it stays away from its locks for [`LOCK_GAP`], so that a control
+/// message waiting for them gets them (see `process_vring`). With the
+/// gap's sleep this costs about 1 % of a busy worker's time.
+const LOCK_GAP_EVERY: Duration = Duration::from_millis(10);
+
+/// How long the worker then leaves its locks alone (a timed wait; the
+/// timer slack adds up to 50 µs).
+const LOCK_GAP: Duration = Duration::from_micros(50);
+
 /// The virtio-crypto device backend for one frontend connection.
 pub struct CryptoBackend {
     queues: usize,
@@ -177,9 +187,17 @@ impl CryptoBackend {
         // so a busy guest's next requests are taken without a wake-up. While
         // polling the worker asks the driver not to kick (queue.rs); when
         // polling ends it asks for kicks again and looks once more.
-        let mut polling = !self.poll.is_zero();
+        //
+        // While requests come the worker always polls: `process` returns
+        // after each batch (with `--poll-us 0` too, which only means not
+        // to wait once the ring is empty), so that the locks are let go
+        // between batches.
+        let mut polling = true;
         let mut last_work = Instant::now();
         let mut idle_spins: u32 = 0;
+        // Since when the worker has taken its locks batch after batch
+        // without pausing (see LOCK_GAP_EVERY).
+        let mut busy_since = last_work;
         loop {
             // The frontend is gone: stop at once, however busy the guest
             // keeps the ring, so that the connection can be torn down and
@@ -244,9 +262,27 @@ impl CryptoBackend {
                         }
                     }
                 }
-                polling = !self.poll.is_zero();
+                polling = true;
                 last_work = Instant::now();
                 idle_spins = 0;
+                if last_work.duration_since(busy_since) >= LOCK_GAP_EVERY {
+                    // The locks are let go after every batch, but std's
+                    // locks are not fair: a control message that waits for
+                    // them (GET_VRING_BASE, SET_VRING_ENABLE, a CREATE or
+                    // CLOSE waiting for this queue's session table) would
+                    // lose every race to this thread taking them again at
+                    // once, for as long as the guest keeps the ring busy.
+                    // So every LOCK_GAP_EVERY the worker stays away from
+                    // them for LOCK_GAP, off the CPU (a waiter may be
+                    // queued on this one). `park_timeout` is a futex wait
+                    // (FUTEX_WAIT_BITSET), which the worker's seccomp
+                    // filter allows; `sleep` would be `clock_nanosleep`,
+                    // which it does not.
+                    drop(state);
+                    drop(worker);
+                    std::thread::park_timeout(LOCK_GAP);
+                    busy_since = Instant::now();
+                }
                 continue;
             }
             if !polling {
@@ -257,7 +293,7 @@ impl CryptoBackend {
             drop(worker);
             idle_spins = idle_spins.wrapping_add(1);
             // The clock is read every 64 empty looks, not on each.
-            if idle_spins % 64 == 0 && last_work.elapsed() >= self.poll {
+            if self.poll.is_zero() || (idle_spins % 64 == 0 && last_work.elapsed() >= self.poll) {
                 // The next look re-enables kicks (`set_polling(false)`).
                 polling = false;
             } else {
