@@ -93,6 +93,9 @@ impl CryptoBackend {
             .map(|t| {
                 let mut w = QueueWorker::new(t, limits);
                 w.set_stop(disconnected.clone());
+                // Never more than one batch under the locks (see
+                // `process_vring`).
+                w.set_one_batch_per_call(true);
                 Mutex::new(w)
             })
             .collect();
@@ -220,8 +223,8 @@ impl CryptoBackend {
             let q = state.get_queue_mut();
             if !q.ready() {
                 // Stopped (GET_VRING_BASE): the ring is not touched any
-                // more. Should the frontend start it again, registering its
-                // kick fd runs this handler once, which turns kicks back on.
+                // more; `stop_vring` has turned the driver's kicks back on
+                // if this worker had them off.
                 return Ok(());
             }
             let addrs = RingAddrs {
@@ -292,10 +295,20 @@ impl CryptoBackend {
             drop(state);
             drop(worker);
             idle_spins = idle_spins.wrapping_add(1);
-            // The clock is read every 64 empty looks, not on each.
-            if self.poll.is_zero() || (idle_spins % 64 == 0 && last_work.elapsed() >= self.poll) {
+            if self.poll.is_zero() {
                 // The next look re-enables kicks (`set_polling(false)`).
                 polling = false;
+            } else if idle_spins % 64 == 0 {
+                // The clock is read every 64 empty looks, not on each.
+                let now = Instant::now();
+                if now.duration_since(last_work) >= self.poll {
+                    polling = false;
+                } else if now.duration_since(busy_since) >= LOCK_GAP_EVERY {
+                    // Empty looks take the locks back to back too: the
+                    // same gap (a long `--poll-us`).
+                    std::thread::park_timeout(LOCK_GAP);
+                    busy_since = Instant::now();
+                }
             } else {
                 std::hint::spin_loop();
             }
@@ -354,7 +367,16 @@ impl VhostUserBackend for CryptoBackend {
         // GET_VRING_BASE: the ring is stopped; a queue stopped for a broken
         // ring may be set up again at the same addresses afterwards.
         if let Some(w) = self.workers.get(queue_index as usize) {
-            w.lock().unwrap_or_else(|e| e.into_inner()).reset();
+            let mut w = w.lock().unwrap_or_else(|e| e.into_inner());
+            w.reset();
+            // A worker stopped while polling left the driver's kicks off
+            // in guest memory: turned back on before the reply, so that
+            // whoever serves the ring next (after a stop and start, or a
+            // migration) hears from the driver. (The queue is not ready
+            // any more, so the worker writes nothing after this.)
+            if let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) {
+                w.enable_suppressed_kicks(&atomic.memory());
+            }
         }
         Ok(())
     }

@@ -121,6 +121,12 @@ pub struct QueueWorker {
     /// Set by the owner to end [`QueueWorker::process`] after the batch in
     /// progress ([`QueueWorker::set_stop`]).
     stop: Option<Arc<AtomicBool>>,
+    /// Return after one batch in every mode
+    /// ([`QueueWorker::set_one_batch_per_call`]).
+    one_batch: bool,
+    /// The ring whose kicks the last batch turned off (polling), until
+    /// they are turned on again ([`QueueWorker::enable_suppressed_kicks`]).
+    kicks_off: Option<RingAddrs>,
 }
 
 struct Ring {
@@ -273,6 +279,8 @@ impl QueueWorker {
             closes_seen: 0,
             completed: 0,
             stop: None,
+            one_batch: false,
+            kicks_off: None,
         }
     }
 
@@ -303,6 +311,23 @@ impl QueueWorker {
             ring.enable_kicks(ring.avail_idx());
         }
         self.polling = false;
+        self.kicks_off = None;
+    }
+
+    /// With `one`, [`QueueWorker::process`] returns after one batch when
+    /// not polling too (the caller calls again while it completes any), so
+    /// that it never holds its locks for more than one batch.
+    pub fn set_one_batch_per_call(&mut self, one: bool) {
+        self.one_batch = one;
+    }
+
+    /// Turns the driver's notifications back on if the last batch, polling,
+    /// turned them off: for a ring being stopped (GET_VRING_BASE), so that
+    /// whoever serves it next gets the driver's kicks.
+    pub fn enable_suppressed_kicks(&mut self, mem: &GuestMemory_) {
+        if let Some(addrs) = self.kicks_off.take() {
+            self.enable_notifications(mem, addrs);
+        }
     }
 
     /// Forgets a stopped ring (the frontend stopped the ring with
@@ -385,6 +410,7 @@ impl QueueWorker {
                 // Nothing new: no session lock, no batch.
                 if !self.polling {
                     ring.enable_kicks(avail);
+                    self.kicks_off = None;
                     if ring.avail_idx() != avail {
                         continue;
                     }
@@ -471,9 +497,11 @@ impl QueueWorker {
                 // driver: event index far ahead, and the flag).
                 ring.set_used_flags(VRING_USED_F_NO_NOTIFY);
                 ring.set_avail_event(avail.wrapping_add(0x8000));
+                self.kicks_off = Some(addrs);
             } else {
                 ring.set_used_flags(0);
                 ring.set_avail_event(avail);
+                self.kicks_off = None;
             }
             // The avail_event store must be visible before we re-read the
             // avail index, or a kick could be lost (driver/device race of
@@ -487,6 +515,7 @@ impl QueueWorker {
             // the caller here (it checks between calls whether to stop) and
             // the notification window stays far below 2^16 entries.
             if self.polling
+                || self.one_batch
                 || ring.avail_idx() == *next_avail
                 || result.completed >= u32::from(ring.size)
                 || self.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
