@@ -64,7 +64,8 @@ pub struct Args {
     pub session_abi: SessionAbiArg,
 
     /// Microseconds a queue worker keeps polling the avail ring after its
-    /// last request before sleeping on kicks again (0: never poll).
+    /// last request before sleeping on kicks again (0: not after the last
+    /// request; while requests come, the worker takes them without kicks).
     #[arg(long, default_value_t = DEFAULT_POLL_US, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub poll_us: u64,
 

@@ -81,7 +81,8 @@ thread_local! {
 
 impl CryptoBackend {
     /// A backend with one data queue per table in `tables`, busy-polling
-    /// each queue for `poll` after its last request (zero: never).
+    /// each queue for `poll` after its last request (zero: not after the
+    /// last request; while requests come the worker always polls).
     ///
     /// # Errors
     /// Creating the exit eventfds failed.
@@ -371,8 +372,8 @@ impl VhostUserBackend for CryptoBackend {
             w.reset();
             // A worker stopped while polling left the driver's kicks off
             // in guest memory: turned back on before the reply, so that
-            // whoever serves the ring next (after a stop and start, or a
-            // migration) hears from the driver. (The queue is not ready
+            // whoever serves the ring next (after a stop and start) hears
+            // from the driver. (The queue is not ready
             // any more, so the worker writes nothing after this.)
             if let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) {
                 w.enable_suppressed_kicks(&atomic.memory());

@@ -337,10 +337,12 @@ impl QueueWorker {
     }
 
     /// Processes what is available on the ring, updating `next_avail` and
-    /// `next_used`: one batch (at most [`MAX_BATCH`] chains) when polling,
-    /// else batches until the ring is empty or about one ring's worth
-    /// (queue size) completed in this call, whichever comes first; call
-    /// again while it completes any. A ring that is broken (bad size or memory, or an
+    /// `next_used`: one batch (at most [`MAX_BATCH`] chains) when polling
+    /// or set to one batch per call
+    /// ([`QueueWorker::set_one_batch_per_call`], as the daemon's workers
+    /// are), else batches until the ring is empty or about one ring's
+    /// worth (queue size) completed in this call, whichever comes first;
+    /// call again while it completes any. A ring that is broken (bad size or memory, or an
     /// avail index that jumped past the queue size) is stopped: logged once,
     /// never processed again until the frontend sets it up anew (other
     /// addresses) or stops it ([`QueueWorker::reset`]).

@@ -2981,17 +2981,19 @@ fn control_messages_are_answered_while_the_guest_keeps_a_ring_of_large_requests_
             if get_base {
                 // The worker, polling, had the driver's kicks off: the
                 // stopped ring has them on again (used.flags 0, avail_event
-                // at the avail index), or whoever serves it next would
-                // never be kicked.
+                // at the avail index the worker saw, which the guest may
+                // have moved on since, by less than the ring), or whoever
+                // serves it next would never be kicked. (Kicks left off
+                // put avail_event 0x8000 ahead.)
                 let mut b = [0u8; 2];
                 r.mem.read_exact_at(&mut b, RAW_DESC + 0x1000 + 2).unwrap();
                 let avail = u16::from_le_bytes(b);
                 r.mem.read_exact_at(&mut b, RAW_USED + 4 + 8 * 256).unwrap();
                 let avail_event = u16::from_le_bytes(b);
-                assert_eq!(
-                    (ring0_used_u16(&r.mem, 0), avail_event),
-                    (0, avail),
-                    "--poll-us {poll}: used.flags and avail_event after GET_VRING_BASE"
+                let flags = ring0_used_u16(&r.mem, 0);
+                assert!(
+                    flags == 0 && avail.wrapping_sub(avail_event) <= 256,
+                    "--poll-us {poll}: after GET_VRING_BASE used.flags {flags}, avail_event {avail_event}, avail {avail}"
                 );
             }
             r.finish(what);

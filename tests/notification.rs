@@ -59,6 +59,52 @@ fn non_polling_caller_gets_everything_in_one_call() {
     }
 }
 
+/// The daemon's workers (`set_one_batch_per_call`): one batch per call
+/// when not polling too, each ending with kicks on, so that a worker never
+/// holds its locks for more than one batch.
+#[test]
+fn one_batch_per_call_without_polling_too() {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 200);
+    vm.worker.set_one_batch_per_call(true);
+    let mut seen = Vec::new();
+    while vm.next_avail != vm.avail_idx {
+        let r = vm.run();
+        seen.push(r.completed);
+        assert_eq!(vm.used_idx(), vm.next_used);
+        assert_eq!(vm.u16_at(vm.ring.used), 0, "kicks on");
+        assert_eq!(vm.avail_event(), 200);
+    }
+    assert_eq!(seen, vec![64, 64, 64, 8], "batches of MAX_BATCH = {MAX_BATCH}");
+    vm.assert_done(vm.used(199), &NIST_CT);
+}
+
+/// A ring stopped after a polling batch (GET_VRING_BASE, `stop_vring`):
+/// `enable_suppressed_kicks` turns the driver's kicks back on; after a
+/// batch that left them on it writes nothing.
+#[test]
+fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 10);
+    vm.worker.set_polling(true);
+    assert_eq!(vm.run().completed, 10);
+    assert_eq!(vm.u16_at(vm.ring.used), 1, "VRING_USED_F_NO_NOTIFY");
+    assert_eq!(vm.avail_event(), 10u16.wrapping_add(0x8000));
+    vm.worker.enable_suppressed_kicks(&vm.mem);
+    assert_eq!(vm.u16_at(vm.ring.used), 0);
+    assert_eq!(vm.avail_event(), 10);
+
+    // Kicks left on (a non-polling batch): nothing to turn on, nothing
+    // written (the marks below stay).
+    push_requests(&mut vm, 3);
+    vm.worker.set_polling(false);
+    assert_eq!(vm.run().completed, 3);
+    assert_eq!((vm.u16_at(vm.ring.used), vm.avail_event()), (0, 13));
+    vm.write(vm.ring.used, &7u16.to_le_bytes());
+    vm.worker.enable_suppressed_kicks(&vm.mem);
+    assert_eq!(vm.u16_at(vm.ring.used), 7, "nothing written");
+}
+
 #[test]
 fn notify_follows_used_event_with_event_idx() {
     let mut vm = Vm::new();
