@@ -380,8 +380,8 @@ impl VhostUserBackend for CryptoBackend {
             // A worker stopped while polling left the driver's kicks off
             // in guest memory: turned back on before the reply, so that
             // whoever serves the ring next (after a stop and start) hears
-            // from the driver. (The queue is not ready
-            // any more, so the worker writes nothing after this.)
+            // from the driver. (The queue is not ready any more, so the
+            // worker writes nothing after this.)
             if let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) {
                 w.enable_suppressed_kicks(&atomic.memory());
             }
