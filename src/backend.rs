@@ -58,16 +58,29 @@ const LOCK_GAP_EVERY: Duration = Duration::from_millis(10);
 /// How long the worker then leaves its locks alone.
 const LOCK_GAP: Duration = Duration::from_micros(50);
 
-/// Stays away from the locks for [`LOCK_GAP`], spinning on the CPU: a
-/// waiter on another CPU, woken when the locks were let go, takes them
-/// meanwhile, and one on this CPU preempts the worker when woken. (Not a
-/// sleep: a vCPU that halts takes far longer to come back than the gap,
-/// which cost a busy worker about 5 % in alternated runs.)
-fn lock_gap() {
+/// The lock gap, if due: when [`LOCK_GAP_EVERY`] has passed from `since`
+/// to `now` (the worker having taken its locks batch after batch, or look
+/// after look, all that time), stays away from them for [`LOCK_GAP`] and
+/// starts `since` anew. The worker must not hold them.
+///
+/// The locks are let go after every batch, but std's locks are not fair:
+/// a control message that waits for them (GET_VRING_BASE,
+/// SET_VRING_ENABLE, a CREATE or CLOSE waiting for the queue's session
+/// table) would lose every race to the worker taking them again at once,
+/// for as long as the guest keeps the ring busy. The gap spins on the
+/// CPU: a waiter on another CPU, woken when the locks were let go, takes
+/// them meanwhile, and one on this CPU preempts the worker when woken.
+/// (Not a sleep: a vCPU that halts takes far longer to come back than the
+/// gap, which cost a busy worker about 5 % in alternated runs.)
+fn lock_gap_if_due(now: Instant, since: &mut Instant) {
+    if now.duration_since(*since) < LOCK_GAP_EVERY {
+        return;
+    }
     let until = Instant::now() + LOCK_GAP;
     while Instant::now() < until {
         std::hint::spin_loop();
     }
+    *since = Instant::now();
 }
 
 /// The virtio-crypto device backend for one frontend connection.
@@ -211,7 +224,7 @@ impl CryptoBackend {
         let mut last_work = Instant::now();
         let mut idle_spins: u32 = 0;
         // Since when the worker has taken its locks batch after batch
-        // without pausing (see LOCK_GAP_EVERY).
+        // without a gap (`lock_gap_if_due`).
         let mut busy_since = last_work;
         loop {
             // The frontend is gone: stop at once, however busy the guest
@@ -280,20 +293,9 @@ impl CryptoBackend {
                 polling = true;
                 last_work = Instant::now();
                 idle_spins = 0;
-                if last_work.duration_since(busy_since) >= LOCK_GAP_EVERY {
-                    // The locks are let go after every batch, but std's
-                    // locks are not fair: a control message that waits for
-                    // them (GET_VRING_BASE, SET_VRING_ENABLE, a CREATE or
-                    // CLOSE waiting for this queue's session table) would
-                    // lose every race to this thread taking them again at
-                    // once, for as long as the guest keeps the ring busy.
-                    // So every LOCK_GAP_EVERY the worker stays away from
-                    // them for LOCK_GAP (`lock_gap`).
-                    drop(state);
-                    drop(worker);
-                    lock_gap();
-                    busy_since = Instant::now();
-                }
+                drop(state);
+                drop(worker);
+                lock_gap_if_due(last_work, &mut busy_since);
                 continue;
             }
             if !polling {
@@ -311,11 +313,10 @@ impl CryptoBackend {
                 let now = Instant::now();
                 if now.duration_since(last_work) >= self.poll {
                     polling = false;
-                } else if now.duration_since(busy_since) >= LOCK_GAP_EVERY {
-                    // Empty looks take the locks back to back too: the
-                    // same gap (a long `--poll-us`).
-                    lock_gap();
-                    busy_since = Instant::now();
+                } else {
+                    // Empty looks take the locks back to back too (a long
+                    // `--poll-us`).
+                    lock_gap_if_due(now, &mut busy_since);
                 }
             } else {
                 std::hint::spin_loop();
