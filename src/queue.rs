@@ -83,9 +83,13 @@ pub enum QueueError {
 /// vhost-crypto bursts are 64 too).
 pub const MAX_BATCH: u16 = 64;
 
-/// A batch also ends once its completed requests add up to this many
-/// bytes (checked after each request or group of lanes): with 16 KiB
-/// requests, the driver gets each group of 8 as soon as it is done.
+/// A batch also ends once its requests have gone through this many bytes
+/// of guest data ([`crate::request::Completion::work`]; checked after each
+/// request or group of lanes): with 16 KiB requests, the driver gets each
+/// group of 8 as soon as it is done, and a batch holds the worker's locks
+/// for about this many bytes of cipher and MAC work plus one request or
+/// group of lanes, whatever the used lengths (a failed digest check
+/// hashes all of its src and completes with 1 byte).
 pub const MAX_BATCH_BYTES: u64 = 64 * 1024;
 
 /// `VRING_USED_F_NO_NOTIFY` (VIRTIO 1.2 §2.7.10).
@@ -247,8 +251,9 @@ fn flush_lanes(
     let mut bytes = 0;
     for (l, &slot) in lanes[..*n].iter_mut().zip(slots) {
         if let (Some(l), Some(d)) = (l.take(), done.get_mut(slot)) {
-            d.1 = l.completion().used_len;
-            bytes += u64::from(d.1);
+            let c = l.completion();
+            d.1 = c.used_len;
+            bytes += c.work;
         }
     }
     *n = 0;
@@ -451,8 +456,9 @@ impl QueueWorker {
             } else {
                 avail
             };
-            // Bytes completed in this batch (used lengths): a batch of large
-            // requests ends after MAX_BATCH_BYTES so the driver sees them.
+            // Bytes of guest data gone through in this batch: a batch of
+            // large requests ends after MAX_BATCH_BYTES so the driver sees
+            // them, and the locks are let go.
             let mut bytes: u64 = 0;
             while *next_avail != end && bytes < MAX_BATCH_BYTES {
                 let head = ring.avail_entry(*next_avail);
@@ -466,7 +472,7 @@ impl QueueWorker {
                 }
                 match prepare(&self.walker, &sessions, self.limits, true) {
                     Prepared::Done(c) => {
-                        bytes += u64::from(c.used_len);
+                        bytes += c.work;
                         self.done.push((head, c.used_len));
                     }
                     Prepared::Lane(l) => {

@@ -719,6 +719,14 @@ pub struct Completion {
     pub used_len: u32,
     /// The status written, if any.
     pub status: Option<Status>,
+    /// Bytes of guest data the request went through, in bytes:
+    /// `src_data_len` once its cipher ran (plus the bytes hashed, for a
+    /// chained request), the bytes hashed when its digest check failed, 0
+    /// when it was refused before either. What it cost the device, counted
+    /// towards the batch byte cap ([`crate::queue::MAX_BATCH_BYTES`]): the
+    /// used length alone would count a failed digest check over a large
+    /// src as 1 byte.
+    pub work: u64,
 }
 
 /// Limits applied to each request.
@@ -773,6 +781,7 @@ impl LaneReq<'_> {
         Completion {
             used_len: self.len as u32 + 1,
             status: Some(Status::Ok),
+            work: self.len as u64,
         }
     }
 }
@@ -798,7 +807,7 @@ pub fn prepare<'s>(
 ) -> Prepared<'s> {
     let v = match validate(w, sessions, limits) {
         Ok(v) => v,
-        Err(status) => return Prepared::Done(complete(w, status, 0)),
+        Err(status) => return Prepared::Done(complete(w, status, 0, 0)),
     };
     let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
     if let Some(chain) = &v.chain {
@@ -822,7 +831,7 @@ pub fn prepare<'s>(
     }
     let mut stream = v.key.start(v.direction, &v.iv);
     run_cipher(&mut stream, &w.readable, src_off, &w.writable, 0, v.len);
-    Prepared::Done(complete(w, Status::Ok, v.len as u32))
+    Prepared::Done(complete(w, Status::Ok, v.len as u32, v.len as u64))
 }
 
 /// Encrypts the lanes (all under the same key, at most
@@ -961,7 +970,10 @@ pub fn prefetch_write(p: *mut u8) {
     let _ = p;
 }
 
-fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
+/// Writes `status` (when the chain has a status byte) and says what was
+/// done: `written` bytes before the status byte, `work` bytes processed
+/// ([`Completion::work`]).
+fn complete(w: &ChainWalker, status: Status, written: u32, work: u64) -> Completion {
     match w.status {
         Some(p) => {
             // SAFETY: p points to the mapped last byte of a device-writable
@@ -970,11 +982,13 @@ fn complete(w: &ChainWalker, status: Status, written: u32) -> Completion {
             Completion {
                 used_len: written + 1,
                 status: Some(status),
+                work,
             }
         }
         None => Completion {
             used_len: 0,
             status: None,
+            work,
         },
     }
 }
@@ -1140,7 +1154,7 @@ fn run_chain(w: &ChainWalker, v: &Valid<'_, '_>, c: &Chain<'_>) -> Completion {
         feed_mac(&mut mac, &w.readable, src_off + c.hash_off, c.hash_len);
         // The expected digest is read once into a local copy.
         if !gather(&w.writable, v.len, digest) || !mac.verify_truncated(digest) {
-            return complete(w, Status::Err, 0);
+            return complete(w, Status::Err, 0, c.hash_len as u64);
         }
     }
     // dst outside the cipher range: the src bytes (a no-op when in place).
@@ -1168,7 +1182,12 @@ fn run_chain(w: &ChainWalker, v: &Valid<'_, '_>, c: &Chain<'_>) -> Completion {
         mac.finish_into(digest);
         scatter(&w.writable, v.len, digest);
     }
-    complete(w, Status::Ok, (v.len + c.digest_len) as u32)
+    complete(
+        w,
+        Status::Ok,
+        (v.len + c.digest_len) as u32,
+        (v.len + c.hash_len) as u64,
+    )
 }
 
 /// Feeds `len` bytes of a segment stream from `off` to a MAC.

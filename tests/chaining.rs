@@ -251,6 +251,44 @@ fn forged_or_truncated_digest_on_decrypt_is_err_and_dst_untouched() {
     }
 }
 
+/// A failed digest check hashes the whole range and completes with 1
+/// used byte: the batch byte cap (`MAX_BATCH_BYTES`, 64 KiB) counts the
+/// bytes hashed, so 40 such requests of 4 KiB come in batches of 16, 16
+/// and 8, not in one batch of 40 (with requests of `--max-request-bytes`,
+/// one batch would hold the worker's locks for 64 of them).
+#[test]
+fn failed_digest_checks_count_their_hashed_bytes_towards_the_batch_byte_cap() {
+    let mut vm = Vm::new();
+    let mut rng = Rng::new(9);
+    let auth = rng.bytes(20);
+    let sid = chain_session(&mut vm, false, &NIST_KEY, Mac::Sha256, &auth, 32);
+    const LEN: u32 = 4096;
+    let ct = rng.bytes(LEN as usize);
+    let mut forged = hmac(Mac::Sha256, &auth, &ct);
+    forged[0] ^= 1;
+    let b = stage(
+        &vm,
+        &header(DECRYPT, sid, LEN, para((0, LEN), (0, LEN), 32)),
+        &ct,
+        &forged,
+        32,
+    );
+    for _ in 0..40 {
+        let head = vm.indirect(&b);
+        vm.push(head);
+    }
+    vm.worker.set_polling(true);
+    let mut seen = Vec::new();
+    while vm.next_avail != vm.avail_idx {
+        seen.push(vm.run().completed);
+    }
+    assert_eq!(seen, vec![16, 16, 8]);
+    for i in 0..40 {
+        assert_eq!(vm.used(i).len, 1, "used length {i}");
+    }
+    assert_chain_failed(&vm, vm.used(39), ERR, &forged);
+}
+
 #[test]
 fn bad_chain_fields_are_err() {
     let mut vm = Vm::new();

@@ -951,7 +951,8 @@ fn descriptors_rewritten_after_the_walk_are_never_read_again() {
                 c,
                 Completion {
                     used_len: 65,
-                    status: Some(Status::Ok)
+                    status: Some(Status::Ok),
+                    work: 64,
                 },
                 "{ctx}"
             );
@@ -994,7 +995,8 @@ fn header_iv_and_descriptors_rewritten_after_validation_are_never_read_again() {
             c,
             Completion {
                 used_len: 65,
-                status: Some(Status::Ok)
+                status: Some(Status::Ok),
+                work: 64,
             },
             "indirect {indirect}"
         );

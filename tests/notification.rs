@@ -166,7 +166,7 @@ fn vring_need_event_matches_the_spec_formula() {
 }
 
 /// Batches of large requests end on their byte cap (`MAX_BATCH_BYTES`,
-/// 64 KiB of used lengths), not on `MAX_BATCH`: the chains after the cap
+/// 64 KiB of data gone through), not on `MAX_BATCH`: the chains after the cap
 /// are left on the avail ring for the next batch, and every request is
 /// completed once, in avail order, with the right output (OpenSSL's).
 #[test]
@@ -175,7 +175,7 @@ fn batches_of_large_requests_end_on_their_byte_cap() {
 }
 
 /// As above for decrypt requests, which are completed one at a time (not
-/// as lanes): the cap is checked after each, so 16 requests of 4,097 used
+/// as lanes): the cap is checked after each, so 16 requests of 4,096
 /// bytes end the batch exactly.
 #[test]
 fn batches_of_large_decrypt_requests_end_on_their_byte_cap() {
@@ -204,7 +204,7 @@ fn byte_cap_batches(opcode: u32) {
         seen.push(vm.run().completed);
         assert_eq!(vm.used_idx(), vm.next_used);
     }
-    // 16 requests of 4,097 used bytes reach 64 KiB.
+    // 16 requests of 4,096 bytes reach 64 KiB.
     assert_eq!(seen, vec![16, 16, 8], "batches capped at MAX_BATCH_BYTES");
     for (k, (head, (a, ct))) in heads.iter().zip(&want).enumerate() {
         let u = vm.used(k as u16);
