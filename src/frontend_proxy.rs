@@ -732,21 +732,17 @@ fn pump_requests(
                     owed.owe();
                 }
                 msg.send_to(backend)?;
-                if let Some((index, ring)) = track_ring_setup(&mut rings, request, &msg.payload) {
-                    // Enable only once the ring has both its kick and its call
-                    // eventfd (QEMU sends KICK before CALL): a request done
-                    // before the call fd is set would complete without an
-                    // interrupt, and the guest would wait for it forever.
-                    if ring.kick
-                        && ring.call
-                        && !ring.enabled
-                        && !ring.frontend_enables
-                        && acked_features & PROTOCOL_FEATURES_BIT != 0
-                    {
+                let protocol_features = acked_features & PROTOCOL_FEATURES_BIT != 0;
+                match track_ring_setup(&mut rings, request, &msg.payload, protocol_features) {
+                    Some(RingAction::Enable(index)) => {
                         debug!("enabling data ring {index} (frontend set it up)");
-                        send_all(backend, &enable_message(index as u32), &[])?;
-                        ring.enabled = true;
+                        send_all(backend, &enable_message(index, true), &[])?;
                     }
+                    Some(RingAction::Disable(index)) => {
+                        debug!("disabling data ring {index} (frontend stopped it)");
+                        send_all(backend, &enable_message(index, false), &[])?;
+                    }
+                    None => {}
                 }
             }
         }
@@ -1577,13 +1573,37 @@ struct RingSetup {
     frontend_enables: bool,
 }
 
-/// Updates `rings` for a forwarded message; returns the ring it set up
-/// (kick or call fd) so the caller can enable it.
-fn track_ring_setup<'r>(
-    rings: &'r mut [RingSetup],
+/// A `SET_VRING_ENABLE` this layer sends the library for a data ring whose
+/// frontend does not send its own (QEMU's cryptodev-vhost-user does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RingAction {
+    /// The ring has both its kick and its call eventfd: serve it.
+    Enable(u32),
+    /// The frontend stopped the ring (GET_VRING_BASE) that this layer
+    /// enabled.
+    Disable(u32),
+}
+
+/// Updates `rings` for a forwarded message (`protocol_features`: the
+/// frontend acked `VHOST_USER_F_PROTOCOL_FEATURES`, without which the
+/// library enables rings itself) and says what to send the library after
+/// it:
+///
+/// * Enable a ring once it has both its kick and its call eventfd (QEMU
+///   sends KICK before CALL, and its kick eventfd may already be
+///   signalled): a request done before the call fd is set would complete
+///   without an interrupt, and the guest would wait for it forever.
+/// * Disable it again when the frontend stops it. vhost-user-backend 0.24's
+///   `get_vring_base` clears the ring's ready flag and eventfds but keeps
+///   it enabled, so without this a restart (QEMU: `stop` then `cont`,
+///   which sends NUM, BASE, ADDR, KICK, then CALL) would be served from
+///   its KICK on, before its new call eventfd is set.
+fn track_ring_setup(
+    rings: &mut [RingSetup],
     request: u32,
     payload: &[u8],
-) -> Option<(usize, &'r mut RingSetup)> {
+    protocol_features: bool,
+) -> Option<RingAction> {
     let word = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
     let index = match request {
         VHOST_USER_SET_VRING_KICK | VHOST_USER_SET_VRING_CALL => (word & VHOST_USER_VRING_IDX_MASK) as usize,
@@ -1592,16 +1612,20 @@ fn track_ring_setup<'r>(
         _ => return None,
     };
     let ring = rings.get_mut(index)?;
+    // (index < rings.len(), the number of queues: it fits in u32.)
+    let index = index as u32;
     let has_fd = word & VHOST_USER_VRING_NOFD_MASK == 0;
     match request {
         VHOST_USER_SET_VRING_KICK => ring.kick = has_fd,
         VHOST_USER_SET_VRING_CALL => ring.call = has_fd,
         // The library stops the ring and drops both fds.
         VHOST_USER_GET_VRING_BASE => {
+            let enabled_here = ring.enabled && !ring.frontend_enables;
             *ring = RingSetup {
                 frontend_enables: ring.frontend_enables,
                 ..RingSetup::default()
-            }
+            };
+            return enabled_here.then_some(RingAction::Disable(index));
         }
         _ => {
             ring.enabled = word >> 32 != 0;
@@ -1609,11 +1633,15 @@ fn track_ring_setup<'r>(
             return None;
         }
     }
-    (request != VHOST_USER_GET_VRING_BASE).then_some((index, ring))
+    if ring.kick && ring.call && !ring.enabled && !ring.frontend_enables && protocol_features {
+        ring.enabled = true;
+        return Some(RingAction::Enable(index));
+    }
+    None
 }
 
-/// `SET_VRING_ENABLE(index, 1)`, flags = version 1 (no NEED_REPLY).
-fn enable_message(index: u32) -> [u8; VHOST_USER_HDR_SIZE + 8] {
+/// `SET_VRING_ENABLE(index, enable)`, flags = version 1 (no NEED_REPLY).
+fn enable_message(index: u32, enable: bool) -> [u8; VHOST_USER_HDR_SIZE + 8] {
     let mut m = [0u8; VHOST_USER_HDR_SIZE + 8];
     m[..VHOST_USER_HDR_SIZE].copy_from_slice(&encode_header(
         VHOST_USER_SET_VRING_ENABLE,
@@ -1621,7 +1649,7 @@ fn enable_message(index: u32) -> [u8; VHOST_USER_HDR_SIZE + 8] {
         8,
     ));
     m[12..16].copy_from_slice(&index.to_le_bytes());
-    m[16..20].copy_from_slice(&1u32.to_le_bytes());
+    m[16..20].copy_from_slice(&u32::from(enable).to_le_bytes());
     m
 }
 
@@ -1816,16 +1844,38 @@ mod tests {
             .unwrap();
         assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(13));
         assert_eq!(read_msg(&r.lib), None);
-        // GET_VRING_BASE stops the ring; set up again, it is enabled again.
+        // GET_VRING_BASE stops the ring, and the ring is disabled again
+        // (SET_VRING_ENABLE(0, 0)): the library would keep it enabled.
         r.front.send_with_fds(&[&msg(11, 1, &[0; 8])[..]], &[]).unwrap();
         assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(11));
-        for req in [12u32, 13] {
-            r.front
-                .send_with_fds(&[&msg(req, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
-                .unwrap();
-            assert_eq!(read_msg(&r.lib).map(|m| (m.0, m.3)), Some((req, 1)));
-        }
-        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(18));
+        assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0, 0, 0, 0, 0, 0, 0, 0], 0)));
+        // Set up again: KICK alone does not enable it, KICK and CALL do.
+        r.front
+            .send_with_fds(&[&msg(12, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| (m.0, m.3)), Some((12, 1)));
+        assert_eq!(read_msg(&r.lib), None, "enabled again before the call fd was set");
+        r.front
+            .send_with_fds(&[&msg(13, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| (m.0, m.3)), Some((13, 1)));
+        assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0, 0, 0, 0, 1, 0, 0, 0], 0)));
+        // Stopped again, then set up with KICK only and stopped before it
+        // was enabled: the second stop has nothing to disable.
+        r.front.send_with_fds(&[&msg(11, 1, &[0; 8])[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(11));
+        assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0; 8], 0)));
+        r.front
+            .send_with_fds(&[&msg(12, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+            .unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(12));
+        r.front.send_with_fds(&[&msg(11, 1, &[0; 8])[..]], &[]).unwrap();
+        assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(11));
+        assert_eq!(
+            read_msg(&r.lib),
+            None,
+            "a ring this layer did not enable was disabled"
+        );
         // A ring index past the queues is forwarded and never enabled.
         r.front
             .send_with_fds(&[&msg(12, 1, &5u64.to_le_bytes())[..]], &[efd.as_raw_fd()])

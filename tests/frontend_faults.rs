@@ -3088,6 +3088,78 @@ fn a_ring_disabled_while_busy_stops_and_comes_back() {
     r.finish("ring disabled and enabled under a busy guest");
 }
 
+/// A ring stopped (GET_VRING_BASE) and started again the way QEMU does it
+/// on `stop` then `cont` (NUM, BASE, ADDR, KICK, then CALL, the kick
+/// eventfd already signalled for a request the guest queued meanwhile):
+/// the request is not served before the ring has its new call eventfd,
+/// and once it has, it completes (NIST F.2.1) with a used-buffer
+/// notification. Before the fix the library kept the ring enabled across
+/// the stop, so the request completed at KICK with no call eventfd to
+/// signal, and the guest would wait for it forever.
+#[test]
+fn a_ring_started_again_waits_for_its_call_eventfd() {
+    use std::os::unix::fs::FileExt;
+    let daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(&c, &mem, &kick, &call);
+    let sid = create_nist_session(&c);
+    assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
+    c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
+    assert_eq!(c.reply(GET_VRING_BASE), vring_state(0, 1), "GET_VRING_BASE");
+    // The guest queues a request while the ring is stopped; QEMU's new
+    // host notifier starts signalled.
+    let kick2 = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call2 = EventFd::new(EFD_NONBLOCK).unwrap();
+    submit_raw_nist(&mem, &kick2, sid, 2);
+    let addr = vring_addr(
+        0,
+        UADDR + RAW_DESC,
+        UADDR + RAW_DESC + 0x2000,
+        UADDR + RAW_DESC + 0x1000,
+    );
+    for (req, payload, fds) in [
+        (SET_VRING_NUM, vring_state(0, 256), vec![]),
+        (SET_VRING_BASE, vring_state(0, 1), vec![]),
+        (SET_VRING_ADDR, addr, vec![]),
+        (
+            SET_VRING_KICK,
+            0u64.to_le_bytes().to_vec(),
+            vec![kick2.as_raw_fd()],
+        ),
+    ] {
+        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
+        assert_eq!(c.reply_u64(req), 0, "request {req}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut b = [0u8; 2];
+    mem.read_exact_at(&mut b, RAW_USED + 2).unwrap();
+    assert_eq!(
+        u16::from_le_bytes(b),
+        1,
+        "used.idx: served before the ring had its call eventfd"
+    );
+    c.send(
+        SET_VRING_CALL,
+        V1 | NEED_REPLY,
+        &0u64.to_le_bytes(),
+        &[call2.as_raw_fd()],
+    )
+    .unwrap();
+    assert_eq!(c.reply_u64(SET_VRING_CALL), 0, "SET_VRING_CALL");
+    let start = Instant::now();
+    while call2.read().is_err() {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no used-buffer notification after the restart"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
+}
+
 // ---- Frontend descriptors, memory files and protocol features (ninth session) ----
 
 /// A memfd in hugetlbfs (`MFD_HUGETLB | MFD_ALLOW_SEALING`) of `size`
