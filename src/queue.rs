@@ -84,13 +84,29 @@ pub enum QueueError {
 pub const MAX_BATCH: u16 = 64;
 
 /// A batch also ends once its requests have gone through this many bytes
-/// of guest data ([`crate::request::Completion::work`]; checked after each
-/// request or group of lanes): with 16 KiB requests, the driver gets each
-/// group of 8 as soon as it is done, and a batch holds the worker's locks
-/// for about this many bytes of cipher and MAC work plus one request or
-/// group of lanes, whatever the used lengths (a failed digest check
-/// hashes all of its src and completes with 1 byte).
+/// of guest data ([`crate::request::Completion::work`], plus
+/// [`DESCRIPTOR_WORK`] for each descriptor of a long chain; checked after
+/// each request or group of lanes): with 16 KiB requests, the driver gets
+/// each group of 8 as soon as it is done, and a batch holds the worker's
+/// locks for about this many bytes of cipher and MAC work plus one
+/// request and one group of lanes (lanes count when they run), whatever
+/// the used lengths (a failed digest check hashes all of its src and
+/// completes with 1 byte) and however long the chains.
 pub const MAX_BATCH_BYTES: u64 = 64 * 1024;
+
+/// What one descriptor past a chain's first [`FREE_DESCRIPTORS`] counts
+/// towards [`MAX_BATCH_BYTES`], in bytes: walking a descriptor took 2.5–10
+/// ns here (an uncached region lookup for some), about what hashing 4–14
+/// bytes takes. The walker accepts a chain of up to the queue size of
+/// descriptors, or an indirect table of up to 32,768 entries
+/// ([`crate::request::ChainWalker::descriptors`]): 64 such chains took
+/// 5–10 ms before they were counted.
+pub const DESCRIPTOR_WORK: u64 = 16;
+
+/// Descriptors of a chain that count nothing towards the batch byte cap:
+/// more than any driver's request needs (QEMU's and DPDK's layouts use 5
+/// or 6), so batches of honest requests are not cut shorter.
+pub const FREE_DESCRIPTORS: u32 = 16;
 
 /// `VRING_USED_F_NO_NOTIFY` (VIRTIO 1.2 §2.7.10).
 pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
@@ -240,7 +256,7 @@ impl Ring {
 }
 
 /// Encrypts the waiting lanes and records their used lengths; returns
-/// the sum of those.
+/// the bytes they went through ([`crate::request::Completion::work`]).
 fn flush_lanes(
     lanes: &mut [Option<LaneReq<'_>>; MAX_LANES],
     slots: &[usize; MAX_LANES],
@@ -456,9 +472,10 @@ impl QueueWorker {
             } else {
                 avail
             };
-            // Bytes of guest data gone through in this batch: a batch of
-            // large requests ends after MAX_BATCH_BYTES so the driver sees
-            // them, and the locks are let go.
+            // Bytes of guest data gone through in this batch (and long
+            // chains walked): a batch of large requests ends after
+            // MAX_BATCH_BYTES so the driver sees them, and the locks are
+            // let go.
             let mut bytes: u64 = 0;
             while *next_avail != end && bytes < MAX_BATCH_BYTES {
                 let head = ring.avail_entry(*next_avail);
@@ -470,6 +487,8 @@ impl QueueWorker {
                 if let Some(f) = self.walker.fault() {
                     debug!("malformed descriptor chain at head {head}: {f:?}");
                 }
+                bytes +=
+                    u64::from(self.walker.descriptors().saturating_sub(FREE_DESCRIPTORS)) * DESCRIPTOR_WORK;
                 match prepare(&self.walker, &sessions, self.limits, true) {
                     Prepared::Done(c) => {
                         bytes += c.work;

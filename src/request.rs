@@ -144,6 +144,9 @@ pub struct ChainWalker {
     status: Option<*mut u8>,
     fault: Option<ChainFault>,
     seen_writable: bool,
+    /// Descriptors the last walk read, plus the entries its indirect table
+    /// declared ([`ChainWalker::descriptors`]).
+    descriptors: u32,
     /// The guest-memory region the last translation found (start, length,
     /// host address of its start): buffers of one batch almost always lie
     /// in the same region, so most translations are a range check.
@@ -179,6 +182,7 @@ impl ChainWalker {
             status: None,
             fault: None,
             seen_writable: false,
+            descriptors: 0,
             region: (0, 0, ptr::null_mut()),
         }
     }
@@ -228,6 +232,7 @@ impl ChainWalker {
         self.status = None;
         self.fault = None;
         self.seen_writable = false;
+        self.descriptors = 0;
     }
 
     fn set_fault(&mut self, f: ChainFault) {
@@ -254,6 +259,7 @@ impl ChainWalker {
                 return;
             }
             visited += 1;
+            self.descriptors = visited;
             if visited > u32::from(table_len) {
                 self.set_fault(ChainFault::TooLong);
                 return;
@@ -282,6 +288,8 @@ impl ChainWalker {
             self.set_fault(ChainFault::BadIndirectTable);
             return;
         }
+        // (n <= MAX_QUEUE_SIZE: no overflow.)
+        self.descriptors += n as u32;
         let Some(table) = self.map_contiguous_cached(mem, d.addr, d.len as usize) else {
             self.set_fault(ChainFault::BadIndirectTable);
             return;
@@ -423,6 +431,14 @@ impl ChainWalker {
     /// Total device-writable bytes declared by the chain.
     pub fn writable_len(&self) -> u64 {
         self.writable_len
+    }
+
+    /// How many descriptors the last walk read from the descriptor table,
+    /// plus the number of entries its indirect table declared (read or
+    /// not): what walking the chain cost, at most the queue size plus
+    /// [`MAX_QUEUE_SIZE`]. A walk stops at its first structural fault.
+    pub fn descriptors(&self) -> u32 {
+        self.descriptors
     }
 
     /// The first structural or mapping fault, if any.
@@ -719,7 +735,7 @@ pub struct Completion {
     pub used_len: u32,
     /// The status written, if any.
     pub status: Option<Status>,
-    /// Bytes of guest data the request went through, in bytes:
+    /// Bytes of guest data the request went through:
     /// `src_data_len` once its cipher ran (plus the bytes hashed, for a
     /// chained request), the bytes hashed when its digest check failed, 0
     /// when it was refused before either. What it cost the device, counted

@@ -289,6 +289,35 @@ fn failed_digest_checks_count_their_hashed_bytes_towards_the_batch_byte_cap() {
     assert_chain_failed(&vm, vm.used(39), ERR, &forged);
 }
 
+/// Chained requests that succeed count their cipher and their MAC bytes
+/// towards the batch byte cap: 24 encrypt + HMAC-SHA-256 requests of 4 KiB,
+/// the MAC over all of it, count 8 KiB each, so they come in batches of
+/// 8 (by used lengths, 4,129 bytes each, they came in batches of 16).
+#[test]
+fn chained_requests_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
+    let mut vm = Vm::new();
+    let mut rng = Rng::new(10);
+    let auth = rng.bytes(32);
+    let sid = chain_session(&mut vm, true, &NIST_KEY, Mac::Sha256, &auth, 32);
+    const LEN: u32 = 4096;
+    let src = rng.bytes(LEN as usize);
+    let p = para((0, LEN), (0, LEN), 32);
+    let b = stage(&vm, &header(ENCRYPT, sid, LEN, p), &src, &[], 32);
+    for _ in 0..24 {
+        let head = vm.indirect(&b);
+        vm.push(head);
+    }
+    vm.worker.set_polling(true);
+    let mut seen = Vec::new();
+    while vm.next_avail != vm.avail_idx {
+        seen.push(vm.run().completed);
+    }
+    assert_eq!(seen, vec![8, 8, 8]);
+    // The 24 share their buffers: each wrote the same output.
+    let dst = expected_dst(true, &NIST_KEY, &src, &p);
+    assert_chain_ok(&vm, vm.used(23), &dst, &hmac(Mac::Sha256, &auth, &dst));
+}
+
 #[test]
 fn bad_chain_fields_are_err() {
     let mut vm = Vm::new();

@@ -214,3 +214,34 @@ fn byte_cap_batches(opcode: u32) {
         assert_eq!(&vm.read(a.dst, LEN), ct, "dst {k}");
     }
 }
+
+/// Long chains count towards the byte cap too (`DESCRIPTOR_WORK` bytes per
+/// descriptor past the first `FREE_DESCRIPTORS`): 10 valid requests whose
+/// indirect tables hold 995 zero-length descriptors before their five
+/// buffers count (1,000 - 16) × 16 = 15,744 bytes each, so they come in
+/// batches of 5 (before: one batch of 10, and 64 chains of 32,768
+/// descriptors took 5–10 ms). Each is still completed with NIST F.2.1.
+#[test]
+fn batches_of_long_chains_end_on_the_byte_cap() {
+    let mut vm = Vm::new();
+    let mut bufs = vec![r(HDR, 0); 995];
+    bufs.extend(vm.baseline());
+    assert_eq!(bufs.len(), 1000);
+    for _ in 0..10 {
+        let head = vm.indirect(&bufs);
+        vm.push(head);
+    }
+    vm.worker.set_polling(true);
+    let mut seen = Vec::new();
+    while vm.next_avail != vm.avail_idx {
+        seen.push(vm.run().completed);
+    }
+    assert_eq!(
+        seen,
+        vec![5, 5],
+        "batches of long chains capped at MAX_BATCH_BYTES"
+    );
+    for i in 0..10 {
+        vm.assert_done(vm.used(i), &NIST_CT);
+    }
+}
