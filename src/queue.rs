@@ -133,6 +133,8 @@ pub struct QueueWorker {
     done: Vec<(u16, u32)>,
     limits: RequestLimits,
     stopped: Option<RingAddrs>,
+    /// The last ring whose memory did not map, logged once.
+    unmapped: Option<RingAddrs>,
     /// The session table's close count when this worker last wiped its
     /// stack.
     closes_seen: u64,
@@ -297,6 +299,7 @@ impl QueueWorker {
             done: Vec::with_capacity(usize::from(MAX_QUEUE_SIZE)),
             limits,
             stopped: None,
+            unmapped: None,
             closes_seen: 0,
             completed: 0,
             stop: None,
@@ -363,10 +366,12 @@ impl QueueWorker {
     /// ([`QueueWorker::set_one_batch_per_call`], as the daemon's workers
     /// are), else batches until the ring is empty or about one ring's
     /// worth (queue size) completed in this call, whichever comes first;
-    /// call again while it completes any. A ring that is broken (bad size or memory, or an
-    /// avail index that jumped past the queue size) is stopped: logged once,
-    /// never processed again until the frontend sets it up anew (other
-    /// addresses) or stops it ([`QueueWorker::reset`]).
+    /// call again while it completes any. A ring that is broken (bad size,
+    /// or an avail index that jumped past the queue size, H10) is stopped:
+    /// logged once, never processed again until the frontend sets it up
+    /// anew (other addresses) or stops it ([`QueueWorker::reset`]). A ring
+    /// whose memory does not map (unmapped, misaligned) is logged once and
+    /// looked at again on each call: a later memory table may map it.
     ///
     /// When a session was closed in this queue's table since the last
     /// time, the worker's stack is wiped before returning
@@ -405,7 +410,20 @@ impl QueueWorker {
         }
         self.stopped = None;
         match self.run(mem, addrs, next_avail, next_used) {
-            Ok(r) => r,
+            Ok(r) => {
+                self.unmapped = None;
+                r
+            }
+            Err((QueueError::BadRingMemory, r)) => {
+                // Nothing was done (the ring did not map). The frontend may
+                // send a memory table that maps it (SET_MEM_TABLE): each
+                // call maps it again, one translation per ring area.
+                if self.unmapped != Some(addrs) {
+                    error!("data queue not served: {}", QueueError::BadRingMemory);
+                    self.unmapped = Some(addrs);
+                }
+                r
+            }
             Err((e, r)) => {
                 error!("data queue stopped: {e}");
                 self.stopped = Some(addrs);

@@ -1443,6 +1443,33 @@ fn ring_in_a_region_with_an_odd_guest_start() {
     vm.assert_canary(Addrs::at(base).dst, DST_AREA);
 }
 
+/// A ring whose memory a memory table leaves out (the frontend's
+/// SET_MEM_TABLE, then a corrected one): nothing is served while it does
+/// not map, and once a memory map holds it again the ring is served as
+/// usual (before, the first failure stopped the queue until the frontend
+/// stopped the ring or moved it).
+#[test]
+fn a_ring_whose_memory_comes_back_is_served_again() {
+    let mut vm = Vm::new();
+    let b = vm.baseline();
+    let head = vm.indirect(&b);
+    vm.push(head);
+    // Guest memory without the ring (which lies in the first MiB).
+    let without =
+        vm_memory::GuestMemoryMmap::<()>::from_ranges(&[(vm_memory::GuestAddress(1 << 20), 1 << 20)])
+            .unwrap();
+    for _ in 0..3 {
+        let (mut na, mut nu) = (0u16, 0u16);
+        let r = vm.worker.process(&without, vm.ring, &mut na, &mut nu);
+        assert_eq!((r.completed, na, nu), (0, 0, 0));
+    }
+    assert_eq!(vm.used_idx(), 0);
+    vm.assert_canary(DST, DST_AREA);
+    let used = vm.run_batch();
+    assert_eq!(used.len(), 1);
+    vm.assert_done(used[0], &NIST_CT);
+}
+
 /// Requests of one batch whose buffers overlap one another (a guest bug,
 /// or a guest probing the device): B reads A's dst as its src, and C
 /// writes A's dst again. Encrypt requests under one key normally run side
