@@ -81,6 +81,8 @@ pub const VHOST_USER_SET_FEATURES: u32 = 2;
 pub const VHOST_USER_SET_PROTOCOL_FEATURES: u32 = 16;
 /// `VHOST_USER_PROTOCOL_F_REPLY_ACK`.
 pub const VHOST_USER_PROTOCOL_F_REPLY_ACK: u64 = 1 << 3;
+/// `VHOST_USER_RESET_OWNER`.
+pub const VHOST_USER_RESET_OWNER: u32 = 4;
 /// `VHOST_USER_SET_MEM_TABLE`.
 pub const VHOST_USER_SET_MEM_TABLE: u32 = 5;
 /// `VHOST_USER_ADD_MEM_REG`.
@@ -701,6 +703,13 @@ fn pump_requests(
                 }
                 if request == VHOST_USER_SET_FEATURES && msg.payload.len() == 8 {
                     acked_features = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
+                }
+                if request == VHOST_USER_RESET_OWNER {
+                    // The library forgets the acked features too
+                    // (vhost-user-backend 0.24 `reset_owner`), and refuses
+                    // SET_VRING_ENABLE until they include
+                    // PROTOCOL_FEATURES again: none is sent to it till then.
+                    acked_features = 0;
                 }
                 if request == VHOST_USER_SET_PROTOCOL_FEATURES && msg.payload.len() == 8 {
                     acked_protocol = u64::from_le_bytes(msg.payload[..8].try_into().unwrap_or_default());
@@ -1620,7 +1629,10 @@ fn track_ring_setup(
         VHOST_USER_SET_VRING_CALL => ring.call = has_fd,
         // The library stops the ring and drops both fds.
         VHOST_USER_GET_VRING_BASE => {
-            let enabled_here = ring.enabled && !ring.frontend_enables;
+            // (Without PROTOCOL_FEATURES acked now, the library refuses
+            // SET_VRING_ENABLE, ending the connection; it then enables
+            // every ring itself anyway.)
+            let enabled_here = ring.enabled && !ring.frontend_enables && protocol_features;
             *ring = RingSetup {
                 frontend_enables: ring.frontend_enables,
                 ..RingSetup::default()
@@ -1894,6 +1906,34 @@ mod tests {
             read_msg(&r.front),
             Some((1, 5, 0x4000_0000u64.to_le_bytes().to_vec(), 0))
         );
+    }
+
+    /// A ring this layer enabled is not disabled at GET_VRING_BASE once the
+    /// frontend has taken PROTOCOL_FEATURES back (SET_FEATURES without it,
+    /// or RESET_OWNER): the library would refuse the SET_VRING_ENABLE and
+    /// end the connection.
+    #[test]
+    fn no_disable_once_protocol_features_are_taken_back() {
+        for (req, payload) in [(2u32, 0u64.to_le_bytes().to_vec()), (4, vec![])] {
+            let r = rig(AbiChoice::Auto);
+            let efd = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+            r.front
+                .send_with_fds(&[&msg(2, 1, &(1u64 << 30).to_le_bytes())[..]], &[])
+                .unwrap();
+            assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(2));
+            for q in [12u32, 13] {
+                r.front
+                    .send_with_fds(&[&msg(q, 1, &0u64.to_le_bytes())[..]], &[efd.as_raw_fd()])
+                    .unwrap();
+                assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(q));
+            }
+            assert_eq!(read_msg(&r.lib), Some((18, 1, vec![0, 0, 0, 0, 1, 0, 0, 0], 0)));
+            r.front.send_with_fds(&[&msg(req, 1, &payload)[..]], &[]).unwrap();
+            assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(req));
+            r.front.send_with_fds(&[&msg(11, 1, &[0; 8])[..]], &[]).unwrap();
+            assert_eq!(read_msg(&r.lib).map(|m| m.0), Some(11));
+            assert_eq!(read_msg(&r.lib), None, "disabled after request {req}");
+        }
     }
 
     #[test]

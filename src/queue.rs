@@ -358,6 +358,7 @@ impl QueueWorker {
     /// GET_VRING_BASE; it may set it up again at the same addresses).
     pub fn reset(&mut self) {
         self.stopped = None;
+        self.unmapped = None;
     }
 
     /// Processes what is available on the ring, updating `next_avail` and

@@ -435,7 +435,8 @@ impl ChainWalker {
 
     /// How many descriptors the last walk read from the descriptor table,
     /// plus the number of entries its indirect table declared (read or
-    /// not): what walking the chain cost, at most the queue size plus
+    /// not; drivers size their tables to the chain): an upper bound of
+    /// what walking the chain cost, at most the queue size plus
     /// [`MAX_QUEUE_SIZE`]. A walk stops at its first structural fault.
     pub fn descriptors(&self) -> u32 {
         self.descriptors
