@@ -115,14 +115,7 @@ impl CryptoBackend {
         let disconnected = Arc::new(AtomicBool::new(false));
         let workers = tables
             .into_iter()
-            .map(|t| {
-                let mut w = QueueWorker::new(t, limits);
-                w.set_stop(disconnected.clone());
-                // Never more than one batch under the locks (see
-                // `process_vring`).
-                w.set_one_batch_per_call(true);
-                Mutex::new(w)
-            })
+            .map(|t| Mutex::new(QueueWorker::new(t, limits)))
             .collect();
         let exit = (0..queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))

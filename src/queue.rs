@@ -27,8 +27,7 @@
 //! (a QEMU guest that negotiated EVENT_IDX with QEMU never sets that flag,
 //! so it is always notified).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU16, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{fence, AtomicU16, Ordering};
 
 use log::{debug, error};
 
@@ -140,12 +139,6 @@ pub struct QueueWorker {
     closes_seen: u64,
     /// Requests completed on this queue.
     pub completed: u64,
-    /// Set by the owner to end [`QueueWorker::process`] after the batch in
-    /// progress ([`QueueWorker::set_stop`]).
-    stop: Option<Arc<AtomicBool>>,
-    /// Return after one batch in every mode
-    /// ([`QueueWorker::set_one_batch_per_call`]).
-    one_batch: bool,
     /// The ring whose kicks the last batch turned off (polling), until
     /// they are turned on again ([`QueueWorker::enable_suppressed_kicks`]).
     kicks_off: Option<RingAddrs>,
@@ -302,19 +295,8 @@ impl QueueWorker {
             unmapped: None,
             closes_seen: 0,
             completed: 0,
-            stop: None,
-            one_batch: false,
             kicks_off: None,
         }
-    }
-
-    /// Makes [`QueueWorker::process`] return after the batch in progress
-    /// once `stop` is set, instead of going on for up to a ring's worth of
-    /// requests (the backend's flag for a frontend that is gone: the
-    /// connection is then torn down within a batch, however much work the
-    /// guest has queued).
-    pub fn set_stop(&mut self, stop: Arc<AtomicBool>) {
-        self.stop = Some(stop);
     }
 
     /// Whether the caller busy-polls the ring after this call (kicks are
@@ -338,13 +320,6 @@ impl QueueWorker {
         self.kicks_off = None;
     }
 
-    /// With `one`, [`QueueWorker::process`] returns after one batch when
-    /// not polling too (the caller calls again while it completes any), so
-    /// that it never holds its locks for more than one batch.
-    pub fn set_one_batch_per_call(&mut self, one: bool) {
-        self.one_batch = one;
-    }
-
     /// Turns the driver's notifications back on if the last batch, polling,
     /// turned them off: for a ring being stopped (GET_VRING_BASE), so that
     /// whoever serves it next gets the driver's kicks.
@@ -361,13 +336,12 @@ impl QueueWorker {
         self.unmapped = None;
     }
 
-    /// Processes what is available on the ring, updating `next_avail` and
-    /// `next_used`: one batch (at most [`MAX_BATCH`] chains) when polling
-    /// or set to one batch per call
-    /// ([`QueueWorker::set_one_batch_per_call`], as the daemon's workers
-    /// are), else batches until the ring is empty or about one ring's
-    /// worth (queue size) completed in this call, whichever comes first;
-    /// call again while it completes any. A ring that is broken (bad size,
+    /// Processes one batch of what is available on the ring (at most
+    /// [`MAX_BATCH`] chains, ending early at [`MAX_BATCH_BYTES`]), updating
+    /// `next_avail` and `next_used`; the caller calls again while it
+    /// completes any, and lets go of its locks in between, so that a
+    /// control message waiting for them waits for one batch at most. A
+    /// ring that is broken (bad size,
     /// or an avail index that jumped past the queue size, H10) is stopped:
     /// logged once, never processed again until the frontend sets it up
     /// anew (other addresses) or stops it ([`QueueWorker::reset`]). A ring
@@ -463,11 +437,7 @@ impl QueueWorker {
             let sessions = self.sessions.lock();
             let ahead = avail.wrapping_sub(*next_avail);
             if ahead > ring.size {
-                // The batches before the jump are on the used ring: the
-                // driver is told about them as usual.
-                if result.completed > 0 {
-                    result.notify = self.wants_notify(&ring, *next_used, first_used);
-                }
+                // (Nothing was completed in this call.)
                 return Err((
                     QueueError::AvailIndexJump {
                         avail,
@@ -553,21 +523,9 @@ impl QueueWorker {
             // avail index, or a kick could be lost (driver/device race of
             // VIRTIO 1.2 §2.7.10).
             fence(Ordering::SeqCst);
-            // A polling caller calls again at once: return after each batch
-            // so its completions are notified now, not when a stream of
-            // requests that keeps this loop going finally pauses. Otherwise
-            // go on while requests come, but for about one ring's worth at
-            // most, so that a guest that keeps its ring busy cannot keep
-            // the caller here (it checks between calls whether to stop) and
-            // the notification window stays far below 2^16 entries.
-            if self.polling
-                || self.one_batch
-                || ring.avail_idx() == *next_avail
-                || result.completed >= u32::from(ring.size)
-                || self.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed))
-            {
-                break;
-            }
+            // One batch per call: its completions are notified now, and
+            // the caller lets go of its locks before the next one.
+            break;
         }
         if result.completed > 0 {
             result.notify = self.wants_notify(&ring, *next_used, first_used);

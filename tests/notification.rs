@@ -57,31 +57,18 @@ fn polling_caller_gets_one_batch_per_call_and_no_kicks() {
     assert_eq!(vm.avail_event(), 200);
 }
 
-#[test]
-fn non_polling_caller_gets_everything_in_one_call() {
-    let mut vm = Vm::new();
-    push_requests(&mut vm, 200);
-    let r = vm.run();
-    assert_eq!(r.completed, 200);
-    assert_eq!(vm.used_idx(), 200);
-    assert_eq!(vm.u16_at(vm.ring.used), 0);
-    assert_eq!(vm.avail_event(), 200);
-    for i in 0..200 {
-        assert_eq!(vm.used(i).len, 65);
-    }
-}
-
-/// The daemon's workers (`set_one_batch_per_call`): one batch per call
-/// when not polling too, each ending with kicks on, so that a worker never
-/// holds its locks for more than one batch.
+/// Not polling: one batch per call too, each ending with kicks on
+/// (`used.flags` 0, `avail_event` at the avail index), so that a worker
+/// never holds its locks for more than one batch.
 #[test]
 fn one_batch_per_call_without_polling_too() {
     let mut vm = Vm::new();
     push_requests(&mut vm, 200);
-    vm.worker.set_one_batch_per_call(true);
-    // Kicks on after each batch.
     let seen = run_one_call_at_a_time(&mut vm, (0, 200));
     assert_eq!(seen, vec![64, 64, 64, 8], "batches of MAX_BATCH = {MAX_BATCH}");
+    for i in 0..200 {
+        assert_eq!(vm.used(i).len, 65);
+    }
     vm.assert_done(vm.used(199), &NIST_CT);
 }
 

@@ -7,9 +7,10 @@
 # request from run to run.
 #
 # - daemon: the in-process queue path (`benches/queue.rs`, 256 AES-128-CBC
-#   requests per QueueWorker::process call, indirect tables) run under
-#   callgrind, counting only inside QueueWorker::process;
-#   instructions / (process calls x 256).
+#   requests made available at a time, processed one batch of at most 64
+#   per QueueWorker::process call, indirect tables) run under callgrind,
+#   counting only inside QueueWorker::process; instructions / requests
+#   (the calls of ChainWalker::walk, one per request).
 # - replay tool: the frontend side of a live run (daemon natively on CPU
 #   1, the tool under callgrind), counting only inside the tool's replay
 #   function, twice (--repeat R and 2R over one 20,000-request trace); the
@@ -103,15 +104,15 @@ for n, v in sorted(rows, key=lambda r: -r[1])[:top]:
 ' "$1" "$2"
 }
 
-echo "== daemon: QueueWorker::process in-process ($SIZE-byte AES-128-CBC encrypt, 256 requests a call)"
+echo "== daemon: QueueWorker::process in-process ($SIZE-byte AES-128-CBC encrypt, one batch of at most 64 requests a call)"
 valgrind --tool=callgrind --compress-strings=no --compress-pos=no --callgrind-out-file="$TMP/daemon.cg" \
     --toggle-collect='*QueueWorker::process' "$BENCH" --bench "encrypt/$SIZE\$" --profile-time 2 \
     >"$TMP/daemon.log" 2>&1
-summarise "$TMP/daemon.cg" 'QueueWorker::process$' >"$TMP/daemon.txt"
-CALLS=$(awk -F'\t' '$1 == "calls" {print $2}' "$TMP/daemon.txt")
-[ "$CALLS" -gt 0 ] || { echo "instructions.sh: no process calls counted" >&2; exit 1; }
-echo "  ($CALLS calls, $((CALLS * 256)) requests)"
-table $((CALLS * 256)) "$TOP" <"$TMP/daemon.txt"
+summarise "$TMP/daemon.cg" 'ChainWalker::walk$' >"$TMP/daemon.txt"
+REQS=$(awk -F'\t' '$1 == "calls" {print $2}' "$TMP/daemon.txt")
+[ "$REQS" -gt 0 ] || { echo "instructions.sh: no requests (ChainWalker::walk calls) counted" >&2; exit 1; }
+echo "  ($REQS requests)"
+table "$REQS" "$TOP" <"$TMP/daemon.txt"
 
 echo "== replay tool: frontend side of a live run ($SIZE bytes, depth $DEPTH; daemon native on CPU 1)"
 N=20000

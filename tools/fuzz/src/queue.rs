@@ -24,7 +24,7 @@
 //!   `tests/fuzz_corpus.rs` OpenSSL, which shares no code with the daemon.
 
 use algorithms::Direction;
-use vhost_user_crypto::queue::{QueueWorker, RingAddrs};
+use vhost_user_crypto::queue::{BatchResult, QueueWorker, RingAddrs};
 use vhost_user_crypto::request::{
     Desc, RequestLimits, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
@@ -1029,9 +1029,21 @@ impl Machine {
         let (na, nu) = (self.next_avail, self.next_used);
         let pushed = self.pushed;
         let (count0, _) = alloc::counts();
+        // One batch per `process` call, called again while it completes
+        // any (as the daemon's worker does; each call consumes at least one
+        // avail entry, so this ends).
         let r = alloc::counted(|| {
-            self.worker
-                .process(&self.mem, self.ring, &mut self.next_avail, &mut self.next_used)
+            let mut all = BatchResult::default();
+            loop {
+                let r = self
+                    .worker
+                    .process(&self.mem, self.ring, &mut self.next_avail, &mut self.next_used);
+                if r.completed == 0 {
+                    return all;
+                }
+                all.completed += r.completed;
+                all.notify |= r.notify;
+            }
         });
         let (count1, bytes) = alloc::counts();
         assert_eq!(
