@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Split-virtqueue processing for the data queues (VIRTIO 1.2 §2.7).
 //!
-//! One batch: read the avail index once, walk and execute every new chain,
-//! write the used elements, publish the used index with one store, then
-//! publish `avail_event` and look again before sleeping. The caller signals
-//! the call eventfd once per batch that completed anything.
+//! One batch per [`QueueWorker::process`] call: read the avail index once,
+//! walk and execute every new chain (at most [`MAX_BATCH`]), write the used
+//! elements, publish the used index with one store, then publish
+//! `avail_event`. The caller signals the call eventfd once per batch that
+//! completed anything and calls again; a call that finds the ring empty
+//! with kicks wanted publishes `avail_event` and reads the avail index once
+//! more before the caller sleeps.
 //!
 //! The backend is never told whether the guest negotiated
 //! `VIRTIO_RING_F_EVENT_IDX` (QEMU's cryptodev-vhost-user only sends
@@ -302,7 +305,8 @@ impl QueueWorker {
     /// Whether the caller busy-polls the ring after this call (kicks are
     /// then suppressed, see the module documentation). Turning it off takes
     /// effect at the next [`QueueWorker::process`], which re-enables kicks
-    /// and reads the avail index again before returning.
+    /// (and, finding the ring empty, reads the avail index again before
+    /// returning).
     pub fn set_polling(&mut self, polling: bool) {
         self.polling = polling;
     }
@@ -400,9 +404,9 @@ impl QueueWorker {
                 r
             }
             Err((e, r)) => {
+                // (Nothing was completed: the errors come before a batch.)
                 error!("data queue stopped: {e}");
                 self.stopped = Some(addrs);
-                self.completed += u64::from(r.completed);
                 r
             }
         }
@@ -519,9 +523,10 @@ impl QueueWorker {
                 ring.set_avail_event(avail);
                 self.kicks_off = None;
             }
-            // The avail_event store must be visible before we re-read the
-            // avail index, or a kick could be lost (driver/device race of
-            // VIRTIO 1.2 §2.7.10).
+            // The avail_event store must be visible before the avail index
+            // is read again (by the caller's next call, which it makes
+            // while calls complete any), or a kick could be lost
+            // (driver/device race of VIRTIO 1.2 §2.7.10).
             fence(Ordering::SeqCst);
             // One batch per call: its completions are notified now, and
             // the caller lets go of its locks before the next one.

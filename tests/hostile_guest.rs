@@ -830,9 +830,9 @@ fn h10_avail_index_jump_stops_the_queue() {
 
 /// H10 neighbour: a request whose dst is the avail ring's header, so the
 /// device's own output moves the avail index past the queue size while
-/// the batch runs. The queue stops at the next look, as in H10, and the
-/// chain completed before that is still notified (the driver did not set
-/// NO_INTERRUPT: bit 0 of the flags the output wrote is 0).
+/// the batch runs. The chain completed is notified (the driver did not
+/// set NO_INTERRUPT: bit 0 of the flags the output wrote is 0), and the
+/// next call sees the jump and stops the queue, as in H10.
 #[test]
 fn h10_avail_index_jump_after_a_batch_still_notifies_it() {
     let mut vm = Vm::new();
@@ -863,9 +863,19 @@ fn h10_avail_index_jump_after_a_batch_still_notifies_it() {
     assert_eq!(vm.used(0).id, u32::from(head));
     assert_eq!(vm.used(0).len, 17);
     assert_eq!(vm.byte(a.status), OK);
-    // Stopped: nothing more, whatever the index says now.
-    vm.set_avail_idx(1);
+    // The next call sees the jump: stopped.
     assert_eq!(vm.run().completed, 0);
+    assert_eq!((vm.next_avail, vm.next_used), (1, 1));
+    // Nothing more, whatever the index says now: a well-formed request
+    // pushed at avail index 1 is not served.
+    vm.write(RING_AVAIL, &[0, 0]);
+    let b = vm.baseline();
+    let head = vm.chain(&b);
+    vm.avail_idx = 1;
+    vm.push(head);
+    assert_eq!(vm.run().completed, 0);
+    assert_eq!(vm.used_idx(), 1);
+    vm.assert_canary(DST, DST_AREA);
 }
 
 #[test]

@@ -1030,19 +1030,20 @@ impl Machine {
         let pushed = self.pushed;
         let (count0, _) = alloc::counts();
         // One batch per `process` call, called again while it completes
-        // any (as the daemon's worker does; each call consumes at least one
-        // avail entry, so this ends).
+        // any (as the daemon's worker does). The device's own output may
+        // move the avail index (a dst over the avail ring), so the calls
+        // are capped at two rings' worth of the largest queue.
         let r = alloc::counted(|| {
             let mut all = BatchResult::default();
             loop {
                 let r = self
                     .worker
                     .process(&self.mem, self.ring, &mut self.next_avail, &mut self.next_used);
-                if r.completed == 0 {
-                    return all;
-                }
                 all.completed += r.completed;
                 all.notify |= r.notify;
+                if r.completed == 0 || all.completed >= 65536 {
+                    return all;
+                }
             }
         });
         let (count1, bytes) = alloc::counts();
