@@ -327,13 +327,14 @@ pub fn create_reply(request: &[u8], abi: Option<SessionAbi>, session_id: i64) ->
     ));
     msg.extend_from_slice(request);
     let p = &mut msg[VHOST_USER_HDR_SIZE..];
+    let len = p.len();
     for range in [
         KEY_OFFSET..KEY_OFFSET + MAX_CIPHER_KEY_LEN,
         AUTH_KEY_OFFSET..AUTH_KEY_OFFSET + MAX_AUTH_KEY_LEN,
     ] {
-        if let Some(keys) = p.get_mut(range) {
-            keys.zeroize();
-        }
+        // The part the payload holds (a short payload of no known layout
+        // may end inside a key array).
+        p[range.start.min(len)..range.end.min(len)].zeroize();
     }
     let off = abi.map_or(0, SessionAbi::session_id_offset);
     if let Some(slot) = p.get_mut(off..off + 8) {
@@ -584,6 +585,21 @@ mod tests {
                 &r[12 + off..12 + off + 8],
                 &[0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]
             );
+        }
+    }
+
+    /// A payload of no known layout that ends inside a key array: the
+    /// part of the array it holds is zeroed too.
+    #[test]
+    fn reply_to_a_short_payload_echoes_no_key_bytes() {
+        for len in [60usize, 100, 121, 200, 631] {
+            let fx = vec![0x5au8; len];
+            let r = create_reply(&fx, None, -1);
+            let p = &r[12..];
+            assert_eq!(p.len(), len);
+            assert_eq!(&p[..8], &(-1i64).to_le_bytes());
+            assert!(p[8..56].iter().all(|&b| b == 0x5a), "{len}: not a key byte");
+            assert!(p[56..].iter().all(|&b| b == 0), "{len}: key bytes echoed");
         }
     }
 
