@@ -344,13 +344,14 @@ impl QueueWorker {
     /// [`MAX_BATCH`] chains, ending early at [`MAX_BATCH_BYTES`]), updating
     /// `next_avail` and `next_used`; the caller calls again while it
     /// completes any, and lets go of its locks in between, so that a
-    /// control message waiting for them waits for one batch at most. A
-    /// ring that is broken (bad size,
-    /// or an avail index that jumped past the queue size, H10) is stopped:
-    /// logged once, never processed again until the frontend sets it up
-    /// anew (other addresses) or stops it ([`QueueWorker::reset`]). A ring
-    /// whose memory does not map (unmapped, misaligned) is logged once and
-    /// looked at again on each call: a later memory table may map it.
+    /// control message waiting for them waits for one batch at most.
+    ///
+    /// A ring that is broken (bad size, or an avail index that jumped past
+    /// the queue size, H10) is stopped: logged once, never processed again
+    /// until the frontend sets it up anew (other addresses) or stops it
+    /// ([`QueueWorker::reset`]). A ring whose memory does not map
+    /// (unmapped, misaligned) is logged once and looked at again on each
+    /// call: a later memory table may map it.
     ///
     /// When a session was closed in this queue's table since the last
     /// time, the worker's stack is wiped before returning
