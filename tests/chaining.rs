@@ -277,11 +277,7 @@ fn failed_digest_checks_count_their_hashed_bytes_towards_the_batch_byte_cap() {
         let head = vm.indirect(&b);
         vm.push(head);
     }
-    vm.worker.set_polling(true);
-    let mut seen = Vec::new();
-    while vm.next_avail != vm.avail_idx {
-        seen.push(vm.run().completed);
-    }
+    let seen = vm.polling_batch_sizes();
     assert_eq!(seen, vec![16, 16, 8]);
     for i in 0..40 {
         assert_eq!(vm.used(i).len, 1, "used length {i}");
@@ -307,11 +303,7 @@ fn chained_requests_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
         let head = vm.indirect(&b);
         vm.push(head);
     }
-    vm.worker.set_polling(true);
-    let mut seen = Vec::new();
-    while vm.next_avail != vm.avail_idx {
-        seen.push(vm.run().completed);
-    }
+    let seen = vm.polling_batch_sizes();
     assert_eq!(seen, vec![8, 8, 8]);
     // The 24 share their buffers: each wrote the same output.
     let dst = expected_dst(true, &NIST_KEY, &src, &p);

@@ -3098,6 +3098,24 @@ fn a_ring_disabled_while_busy_stops_and_comes_back() {
 /// signal, and the guest would wait for it forever.
 #[test]
 fn a_ring_started_again_waits_for_its_call_eventfd() {
+    restart_with_a_queued_request(false);
+}
+
+/// As above with the new call eventfd sent before the kick eventfd (the
+/// order of QEMU's guest-notifier set-up before `vhost_dev_start`): the
+/// ring is enabled again at KICK and the queued request completes (NIST
+/// F.2.1) with a notification on the new call eventfd.
+#[test]
+fn a_ring_started_again_call_first_is_served_at_its_kick() {
+    restart_with_a_queued_request(true);
+}
+
+/// Serves request 1 on ring 0, stops the ring, queues request 2 (its new
+/// kick eventfd signalled, as QEMU's new host notifier starts) and sets
+/// the ring up again: NUM, BASE, ADDR, KICK, then CALL, or CALL first.
+/// Request 2 must not be served before the new call eventfd is set, and
+/// must then complete with a notification on it.
+fn restart_with_a_queued_request(call_first: bool) {
     use std::os::unix::fs::FileExt;
     let daemon = Daemon::spawn(&[]);
     let c = Conn::negotiated(&daemon.sock);
@@ -3109,92 +3127,37 @@ fn a_ring_started_again_waits_for_its_call_eventfd() {
     assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
     c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
     assert_eq!(c.reply(GET_VRING_BASE), vring_state(0, 1), "GET_VRING_BASE");
-    // The guest queues a request while the ring is stopped; QEMU's new
-    // host notifier starts signalled.
     let kick2 = EventFd::new(EFD_NONBLOCK).unwrap();
     let call2 = EventFd::new(EFD_NONBLOCK).unwrap();
     submit_raw_nist(&mem, &kick2, sid, 2);
+    let send = |req: u32, payload: &[u8], fds: &[RawFd]| {
+        c.send(req, V1 | NEED_REPLY, payload, fds).unwrap();
+        assert_eq!(c.reply_u64(req), 0, "request {req}");
+    };
+    let fd_message = 0u64.to_le_bytes();
+    if call_first {
+        send(SET_VRING_CALL, &fd_message, &[call2.as_raw_fd()]);
+    }
+    send(SET_VRING_NUM, &vring_state(0, 256), &[]);
+    send(SET_VRING_BASE, &vring_state(0, 1), &[]);
     let addr = vring_addr(
         0,
         UADDR + RAW_DESC,
         UADDR + RAW_DESC + 0x2000,
         UADDR + RAW_DESC + 0x1000,
     );
-    for (req, payload, fds) in [
-        (SET_VRING_NUM, vring_state(0, 256), vec![]),
-        (SET_VRING_BASE, vring_state(0, 1), vec![]),
-        (SET_VRING_ADDR, addr, vec![]),
-        (
-            SET_VRING_KICK,
-            0u64.to_le_bytes().to_vec(),
-            vec![kick2.as_raw_fd()],
-        ),
-    ] {
-        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
-        assert_eq!(c.reply_u64(req), 0, "request {req}");
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let mut b = [0u8; 2];
-    mem.read_exact_at(&mut b, RAW_USED + 2).unwrap();
-    assert_eq!(
-        u16::from_le_bytes(b),
-        1,
-        "used.idx: served before the ring had its call eventfd"
-    );
-    c.send(
-        SET_VRING_CALL,
-        V1 | NEED_REPLY,
-        &0u64.to_le_bytes(),
-        &[call2.as_raw_fd()],
-    )
-    .unwrap();
-    assert_eq!(c.reply_u64(SET_VRING_CALL), 0, "SET_VRING_CALL");
-    let start = Instant::now();
-    while call2.read().is_err() {
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "no used-buffer notification after the restart"
+    send(SET_VRING_ADDR, &addr, &[]);
+    send(SET_VRING_KICK, &fd_message, &[kick2.as_raw_fd()]);
+    if !call_first {
+        std::thread::sleep(Duration::from_millis(200));
+        let mut b = [0u8; 2];
+        mem.read_exact_at(&mut b, RAW_USED + 2).unwrap();
+        assert_eq!(
+            u16::from_le_bytes(b),
+            1,
+            "used.idx: served before the ring had its call eventfd"
         );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
-}
-
-/// As above with the new call eventfd sent before the kick eventfd (the
-/// order of QEMU's guest-notifier set-up before `vhost_dev_start`): the
-/// ring is enabled again at KICK and the queued request completes (NIST
-/// F.2.1) with a notification on the new call eventfd.
-#[test]
-fn a_ring_started_again_call_first_is_served_at_its_kick() {
-    let daemon = Daemon::spawn(&[]);
-    let c = Conn::negotiated(&daemon.sock);
-    let mem = memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    let sid = create_nist_session(&c);
-    assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
-    c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
-    assert_eq!(c.reply(GET_VRING_BASE), vring_state(0, 1), "GET_VRING_BASE");
-    let kick2 = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call2 = EventFd::new(EFD_NONBLOCK).unwrap();
-    submit_raw_nist(&mem, &kick2, sid, 2);
-    let addr = vring_addr(
-        0,
-        UADDR + RAW_DESC,
-        UADDR + RAW_DESC + 0x2000,
-        UADDR + RAW_DESC + 0x1000,
-    );
-    let fd_message = 0u64.to_le_bytes().to_vec();
-    for (req, payload, fds) in [
-        (SET_VRING_CALL, fd_message.clone(), vec![call2.as_raw_fd()]),
-        (SET_VRING_NUM, vring_state(0, 256), vec![]),
-        (SET_VRING_BASE, vring_state(0, 1), vec![]),
-        (SET_VRING_ADDR, addr, vec![]),
-        (SET_VRING_KICK, fd_message, vec![kick2.as_raw_fd()]),
-    ] {
-        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
-        assert_eq!(c.reply_u64(req), 0, "request {req}");
+        send(SET_VRING_CALL, &fd_message, &[call2.as_raw_fd()]);
     }
     let start = Instant::now();
     while call2.read().is_err() {

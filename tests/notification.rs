@@ -185,12 +185,7 @@ fn byte_cap_batches(opcode: u32) {
         heads.push(head);
         want.push((Addrs::at(base), oracle(encrypt, &NIST_KEY, &NIST_IV, &src)));
     }
-    vm.worker.set_polling(true);
-    let mut seen = Vec::new();
-    while vm.next_avail != vm.avail_idx {
-        seen.push(vm.run().completed);
-        assert_eq!(vm.used_idx(), vm.next_used);
-    }
+    let seen = vm.polling_batch_sizes();
     // 16 requests of 4,096 bytes reach 64 KiB.
     assert_eq!(seen, vec![16, 16, 8], "batches capped at MAX_BATCH_BYTES");
     for (k, (head, (a, ct))) in heads.iter().zip(&want).enumerate() {
@@ -219,11 +214,7 @@ fn batches_of_long_chains_end_on_the_byte_cap() {
         let head = vm.indirect(&bufs);
         vm.push(head);
     }
-    vm.worker.set_polling(true);
-    let mut seen = Vec::new();
-    while vm.next_avail != vm.avail_idx {
-        seen.push(vm.run().completed);
-    }
+    let seen = vm.polling_batch_sizes();
     assert_eq!(
         seen,
         vec![5, 5],

@@ -384,6 +384,22 @@ impl Vm {
         r
     }
 
+    /// Polls (`set_polling(true)`): calls `process` until every chain
+    /// pushed is done, and returns how many each call completed, asserting
+    /// each call's batch was published before it returned.
+    #[track_caller]
+    pub fn polling_batch_sizes(&mut self) -> Vec<u32> {
+        self.worker.set_polling(true);
+        let mut seen = Vec::new();
+        while self.next_avail != self.avail_idx {
+            let r = self.run();
+            assert!(r.completed > 0, "no progress after {seen:?}");
+            assert_eq!(self.used_idx(), self.next_used, "used.idx published");
+            seen.push(r.completed);
+        }
+        seen
+    }
+
     /// Like [`Vm::run`] and asserts it returns within `limit`.
     #[track_caller]
     pub fn run_within(&mut self, limit: Duration) -> BatchResult {
