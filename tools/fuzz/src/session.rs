@@ -467,12 +467,9 @@ pub fn run_program(prog: &SessionProgram) -> Outcome {
                 want.extend_from_slice(&(p.len() as u32).to_le_bytes());
                 want.extend_from_slice(&p);
                 let body = &mut want[12..];
-                if body.len() >= AUTH_KEY_AT {
-                    body[KEY_AT..AUTH_KEY_AT].fill(0);
-                }
-                if body.len() >= AUTH_KEY_END {
-                    body[AUTH_KEY_AT..AUTH_KEY_END].fill(0);
-                }
+                // Both key arrays zeroed, as far as the payload holds them.
+                let len = body.len();
+                body[KEY_AT.min(len)..AUTH_KEY_END.min(len)].fill(0);
                 // The id goes where a frontend sending this size reads it:
                 // at 1064 in a 1072-byte payload (layout C), else at 0.
                 let off = if p.len() == layout_size(SessionAbi::C) {
