@@ -425,114 +425,111 @@ impl QueueWorker {
         // `mem` may be a new memory map since the last call.
         self.walker.begin_batch();
         let first_used = *next_used;
-        loop {
-            let avail = ring.avail_idx();
-            if avail == *next_avail {
-                // Nothing new: no session lock, no batch.
-                if !self.polling {
-                    ring.enable_kicks(avail);
-                    self.kicks_off = None;
-                    if ring.avail_idx() != avail {
-                        continue;
-                    }
-                }
-                break;
-            }
-            // One lock per batch: the registry's CREATE/CLOSE wait for it.
-            let sessions = self.sessions.lock();
-            let ahead = avail.wrapping_sub(*next_avail);
-            if ahead > ring.size {
-                // (Nothing was completed in this call.)
-                return Err((
-                    QueueError::AvailIndexJump {
-                        avail,
-                        next_avail: *next_avail,
-                        ahead,
-                        size: ring.size,
-                    },
-                    result,
-                ));
-            }
-            // Valid encrypt requests wait here, up to MAX_LANES under one
-            // key, and are encrypted together (multi-buffer AES-CBC).
-            // Completions are put on the used ring in avail order at the
-            // end of the batch; `slots` maps each waiting lane to its entry.
-            let mut lanes: [Option<LaneReq<'_>>; MAX_LANES] = Default::default();
-            let mut slots = [0usize; MAX_LANES];
-            let mut n = 0;
-            self.done.clear();
-            let end = if ahead > MAX_BATCH {
-                next_avail.wrapping_add(MAX_BATCH)
-            } else {
-                avail
-            };
-            // Bytes of guest data gone through in this batch (and long
-            // chains walked): a batch of large requests ends after
-            // MAX_BATCH_BYTES so the driver sees them, and the locks are
-            // let go.
-            let mut bytes: u64 = 0;
-            while *next_avail != end && bytes < MAX_BATCH_BYTES {
-                let head = ring.avail_entry(*next_avail);
-                *next_avail = next_avail.wrapping_add(1);
-                result.completed += 1;
-                // SAFETY: the descriptor table is mapped for `size` entries
-                // and `mem` (borrowed for this call) keeps it mapped.
-                unsafe { self.walker.walk(mem, ring.desc, ring.size, head) };
-                if let Some(f) = self.walker.fault() {
-                    debug!("malformed descriptor chain at head {head}: {f:?}");
-                }
-                bytes +=
-                    u64::from(self.walker.descriptors().saturating_sub(FREE_DESCRIPTORS)) * DESCRIPTOR_WORK;
-                match prepare(&self.walker, &sessions, self.limits, true) {
-                    Prepared::Done(c) => {
-                        bytes += c.work;
-                        self.done.push((head, c.used_len));
-                    }
-                    Prepared::Lane(l) => {
-                        l.prefetch();
-                        let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));
-                        if !same_key {
-                            bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
-                        }
-                        lanes[n] = Some(l);
-                        slots[n] = self.done.len();
-                        self.done.push((head, 0));
-                        n += 1;
-                        if n == MAX_LANES {
-                            bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
-                        }
-                    }
-                }
-            }
-            flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
-            for &(head, len) in &self.done {
-                ring.put_used(*next_used, u32::from(head), len);
-                *next_used = next_used.wrapping_add(1);
-            }
-            if result.completed > 0 {
-                // Used elements before the index (Release in the store).
-                ring.publish_used_idx(*next_used);
-            }
+        let mut avail = ring.avail_idx();
+        if avail == *next_avail {
+            // Nothing new: no session lock, no batch. Not polling: kicks
+            // on, then one more look (a request made available meanwhile
+            // may not have been kicked for).
             if self.polling {
-                // No kicks while the caller keeps looking (both kinds of
-                // driver: event index far ahead, and the flag).
-                ring.set_used_flags(VRING_USED_F_NO_NOTIFY);
-                ring.set_avail_event(avail.wrapping_add(0x8000));
-                self.kicks_off = Some(addrs);
-            } else {
-                ring.set_used_flags(0);
-                ring.set_avail_event(avail);
-                self.kicks_off = None;
+                return Ok(result);
             }
-            // The avail_event store must be visible before the avail index
-            // is read again (by the caller's next call, which it makes
-            // while calls complete any), or a kick could be lost
-            // (driver/device race of VIRTIO 1.2 §2.7.10).
-            fence(Ordering::SeqCst);
-            // One batch per call: its completions are notified now, and
-            // the caller lets go of its locks before the next one.
-            break;
+            ring.enable_kicks(avail);
+            self.kicks_off = None;
+            avail = ring.avail_idx();
+            if avail == *next_avail {
+                return Ok(result);
+            }
         }
+        // One lock per batch: the registry's CREATE/CLOSE wait for it.
+        let sessions = self.sessions.lock();
+        let ahead = avail.wrapping_sub(*next_avail);
+        if ahead > ring.size {
+            // (Nothing was completed in this call.)
+            return Err((
+                QueueError::AvailIndexJump {
+                    avail,
+                    next_avail: *next_avail,
+                    ahead,
+                    size: ring.size,
+                },
+                result,
+            ));
+        }
+        // Valid encrypt requests wait here, up to MAX_LANES under one
+        // key, and are encrypted together (multi-buffer AES-CBC).
+        // Completions are put on the used ring in avail order at the
+        // end of the batch; `slots` maps each waiting lane to its entry.
+        let mut lanes: [Option<LaneReq<'_>>; MAX_LANES] = Default::default();
+        let mut slots = [0usize; MAX_LANES];
+        let mut n = 0;
+        self.done.clear();
+        let end = if ahead > MAX_BATCH {
+            next_avail.wrapping_add(MAX_BATCH)
+        } else {
+            avail
+        };
+        // Bytes of guest data gone through in this batch (and long
+        // chains walked): a batch of large requests ends after
+        // MAX_BATCH_BYTES so the driver sees them, and the locks are
+        // let go.
+        let mut bytes: u64 = 0;
+        while *next_avail != end && bytes < MAX_BATCH_BYTES {
+            let head = ring.avail_entry(*next_avail);
+            *next_avail = next_avail.wrapping_add(1);
+            result.completed += 1;
+            // SAFETY: the descriptor table is mapped for `size` entries
+            // and `mem` (borrowed for this call) keeps it mapped.
+            unsafe { self.walker.walk(mem, ring.desc, ring.size, head) };
+            if let Some(f) = self.walker.fault() {
+                debug!("malformed descriptor chain at head {head}: {f:?}");
+            }
+            bytes += u64::from(self.walker.descriptors().saturating_sub(FREE_DESCRIPTORS)) * DESCRIPTOR_WORK;
+            match prepare(&self.walker, &sessions, self.limits, true) {
+                Prepared::Done(c) => {
+                    bytes += c.work;
+                    self.done.push((head, c.used_len));
+                }
+                Prepared::Lane(l) => {
+                    l.prefetch();
+                    let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));
+                    if !same_key {
+                        bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+                    }
+                    lanes[n] = Some(l);
+                    slots[n] = self.done.len();
+                    self.done.push((head, 0));
+                    n += 1;
+                    if n == MAX_LANES {
+                        bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+                    }
+                }
+            }
+        }
+        flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+        for &(head, len) in &self.done {
+            ring.put_used(*next_used, u32::from(head), len);
+            *next_used = next_used.wrapping_add(1);
+        }
+        if result.completed > 0 {
+            // Used elements before the index (Release in the store).
+            ring.publish_used_idx(*next_used);
+        }
+        if self.polling {
+            // No kicks while the caller keeps looking (both kinds of
+            // driver: event index far ahead, and the flag).
+            ring.set_used_flags(VRING_USED_F_NO_NOTIFY);
+            ring.set_avail_event(avail.wrapping_add(0x8000));
+            self.kicks_off = Some(addrs);
+        } else {
+            ring.set_used_flags(0);
+            ring.set_avail_event(avail);
+            self.kicks_off = None;
+        }
+        // The avail_event store must be visible before the avail index
+        // is read again (by the caller's next call, which it makes
+        // while calls complete any), or a kick could be lost
+        // (driver/device race of VIRTIO 1.2 §2.7.10).
+        fence(Ordering::SeqCst);
         if result.completed > 0 {
             result.notify = self.wants_notify(&ring, *next_used, first_used);
         }
