@@ -2002,6 +2002,20 @@ fn raw_ring(c: &Conn, mem: &File, kick: &EventFd, call: &EventFd) {
     raw_ring_at(c, 0, RAW_DESC, kick, call);
 }
 
+/// On a negotiated connection: ring 0 in a fresh memory file
+/// ([`raw_ring`]), the NIST session, and its first request served (NIST
+/// F.2.1). Returns the memory, the ring's kick and call eventfds and the
+/// session id.
+fn ring_with_one_request_served(c: &Conn) -> (File, EventFd, EventFd, u64) {
+    let mem = memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    raw_ring(c, &mem, &kick, &call);
+    let sid = create_nist_session(c);
+    assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
+    (mem, kick, call, sid)
+}
+
 /// Sets up data ring `index` of 256 entries at guest address `at`
 /// (descriptors; avail ring at +4 KiB, used ring at +8 KiB) with `kick` and
 /// `call`; every message is acked with 0.
@@ -3119,12 +3133,7 @@ fn restart_with_a_queued_request(call_first: bool) {
     use std::os::unix::fs::FileExt;
     let daemon = Daemon::spawn(&[]);
     let c = Conn::negotiated(&daemon.sock);
-    let mem = memfd(MEM_SIZE);
-    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-    let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(&c, &mem, &kick, &call);
-    let sid = create_nist_session(&c);
-    assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
+    let (mem, _kick, _call, sid) = ring_with_one_request_served(&c);
     c.send(GET_VRING_BASE, V1, &vring_state(0, 0), &[]).unwrap();
     assert_eq!(c.reply(GET_VRING_BASE), vring_state(0, 1), "GET_VRING_BASE");
     let kick2 = EventFd::new(EFD_NONBLOCK).unwrap();
@@ -3303,15 +3312,7 @@ fn connection_kinds_leave_no_descriptors_or_threads_behind() {
         ("negotiated", Box::new(|s: &Path| drop(Conn::negotiated(s)))),
         (
             "ring+session, no GET_VRING_BASE",
-            Box::new(|s: &Path| {
-                let c = Conn::negotiated(s);
-                let mem = memfd(MEM_SIZE);
-                let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-                let call = EventFd::new(EFD_NONBLOCK).unwrap();
-                raw_ring(&c, &mem, &kick, &call);
-                let sid = create_nist_session(&c);
-                assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
-            }),
+            Box::new(|s: &Path| drop(ring_with_one_request_served(&Conn::negotiated(s)))),
         ),
         (
             "33 fds on GET_FEATURES",
