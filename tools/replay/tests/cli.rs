@@ -6,8 +6,9 @@
 #[path = "../../../tests/common/skip.rs"]
 mod skip;
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const TOOL: &str = env!("CARGO_BIN_EXE_vhost-crypto-replay");
 
@@ -23,15 +24,7 @@ fn daemon() -> Option<PathBuf> {
 }
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(TOOL)
-        .args(args)
-        .output()
-        .expect("run vhost-crypto-replay");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run_binary(TOOL, args)
 }
 
 fn missing_socket(tag: &str) -> String {

@@ -2,18 +2,10 @@
 //! `vuc-xcpu-rtt`, the vCPU placement probe of `tools/bench/compare.sh`:
 //! its argument checks, and a real measurement between CPUs 0 and 1.
 
-use std::process::Command;
+mod common;
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vuc-xcpu-rtt"))
-        .args(args)
-        .output()
-        .expect("run vuc-xcpu-rtt");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::run_binary(env!("CARGO_BIN_EXE_vuc-xcpu-rtt"), args)
 }
 
 #[test]
