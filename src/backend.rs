@@ -89,6 +89,10 @@ pub struct CryptoBackend {
     mem: RwLock<Option<GuestMemoryAtomic<GuestMemory_>>>,
     workers: Vec<Mutex<QueueWorker>>,
     exit: Vec<(EventConsumer, EventNotifier)>,
+    /// Per queue: an eventfd in its worker thread's epoll
+    /// ([`CryptoBackend::wake_listener`]) that makes the worker look at
+    /// its ring without a kick (after a memory table change).
+    wake: Vec<(EventConsumer, EventNotifier)>,
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
     seccomp: Option<WorkerFilter>,
@@ -109,7 +113,7 @@ impl CryptoBackend {
     /// last request; while requests come the worker always polls).
     ///
     /// # Errors
-    /// Creating the exit eventfds failed.
+    /// Creating the exit or wake eventfds failed.
     pub fn new(tables: Vec<SessionTable>, limits: RequestLimits, poll: Duration) -> io::Result<Self> {
         let queues = tables.len();
         let disconnected = Arc::new(AtomicBool::new(false));
@@ -120,11 +124,15 @@ impl CryptoBackend {
         let exit = (0..queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
             .collect::<io::Result<Vec<_>>>()?;
+        let wake = (0..queues)
+            .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(CryptoBackend {
             queues,
             mem: RwLock::new(None),
             workers,
             exit,
+            wake,
             handed_out: Mutex::new(Vec::new()),
             poll,
             seccomp: None,
@@ -176,6 +184,27 @@ impl CryptoBackend {
             // epoll) is gone per the caller's contract, so we own it now.
             drop(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
         }
+    }
+
+    /// The wake eventfd of queue `queue`'s worker thread and the event id
+    /// to register it under in that thread's epoll
+    /// (`VringEpollHandler::register_listener`; the ids up to the number
+    /// of queues are the library's: the rings and the exit event). A write
+    /// to it makes the worker look at its ring as a kick would
+    /// ([`VhostUserBackend::update_memory`] writes it). `None` past the
+    /// last queue.
+    ///
+    /// The descriptor stays owned by the backend, which outlives the
+    /// library's threads (`crate::daemon::serve_stream`).
+    pub fn wake_listener(&self, queue: usize) -> Option<(RawFd, u64)> {
+        let (c, _) = self.wake.get(queue)?;
+        Some((c.as_raw_fd(), self.wake_event_id()))
+    }
+
+    /// The event id of the wake eventfds: the first one past the library's
+    /// (rings `0..queues`, exit event `queues`).
+    fn wake_event_id(&self) -> u64 {
+        self.queues as u64 + 1
     }
 
     /// Used-buffer notifications (writes to a call eventfd) that failed
@@ -362,6 +391,19 @@ impl VhostUserBackend for CryptoBackend {
         if let Ok(mut m) = self.mem.write() {
             *m = Some(mem);
         }
+        // Each worker looks at its ring again under the new map: a ring
+        // the old one left out (`data queue not served`) holds requests
+        // the guest kicked for once and now waits on, and a worker that had
+        // kicks suppressed while polling could not turn them back on in
+        // memory that was gone. A look at a ring with nothing new, or one
+        // not set up, costs one empty batch. (The library calls this after
+        // the new map is in place: SET_MEM_TABLE, ADD_MEM_REG,
+        // REM_MEM_REG.)
+        for (_, n) in &self.wake {
+            if let Err(e) = n.notify() {
+                warn!("waking a queue worker after a memory table change failed: {e}");
+            }
+        }
         Ok(())
     }
 
@@ -413,7 +455,23 @@ impl VhostUserBackend for CryptoBackend {
             return Ok(());
         }
         // Each thread owns exactly one queue: its index is the thread index.
-        match vrings.get(usize::from(device_event)) {
+        let queue = if u64::from(device_event) == self.wake_event_id() {
+            // Our wake eventfd (after a memory table change): the thread's
+            // own ring, if enabled (as the library does with a kick: a
+            // ring not enabled is left alone).
+            if let Some((c, _)) = self.wake.get(thread_id) {
+                // (Non-blocking; empty when an earlier event already took
+                // the count.)
+                let _ = c.consume();
+            }
+            match vrings.get(thread_id) {
+                Some(v) if v.get_ref().is_enabled() => thread_id,
+                _ => return Ok(()),
+            }
+        } else {
+            usize::from(device_event)
+        };
+        match vrings.get(queue) {
             Some(vring) if thread_id < self.queues => {
                 let r = self.process_vring(thread_id, vring);
                 // Back to waiting for kicks, maybe for long: no copy of a

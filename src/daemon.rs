@@ -19,6 +19,7 @@ use log::{debug, error, info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::VhostUserDaemon;
 use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::epoll::EventSet;
 
 use crate::backend::CryptoBackend;
 use crate::frontend_proxy::{self, AbiChoice, Closer, EventFdCopies, ProxyConfig};
@@ -150,6 +151,15 @@ pub fn serve_stream(
         GuestMemoryAtomic::new(GuestMemory_::default()),
     )
     .map_err(|e| be(&e))?;
+    // Each worker thread (one per queue) also listens on the backend's
+    // wake eventfd of its queue (`CryptoBackend::wake_listener`).
+    for (queue, handler) in daemon.get_epoll_handlers().iter().enumerate() {
+        if let Some((fd, id)) = backend.wake_listener(queue) {
+            handler
+                .register_listener(fd, EventSet::IN, id)
+                .map_err(|e| be(&e))?;
+        }
+    }
 
     // The library accepts its end on a private socket in a 0700 directory;
     // we connect first, so the connection it accepts is ours.

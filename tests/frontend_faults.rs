@@ -3179,6 +3179,52 @@ fn restart_with_a_queued_request(call_first: bool) {
     assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
 }
 
+/// A memory table that leaves ring 0's memory out (only the first 256
+/// KiB; the ring lies at 512 KiB), a request queued and kicked meanwhile,
+/// then a table that maps the ring again: the request must be served once
+/// that table is in place, without another kick (the guest kicked once
+/// and waits; a worker that had kicks suppressed while polling could not
+/// even turn them back on in unmapped memory). Sixteenth session's
+/// leftover: the ring was looked at again only at the next kick.
+#[test]
+fn a_ring_whose_memory_comes_back_is_served_without_another_kick() {
+    use std::os::unix::fs::FileExt;
+    let daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let (mem, kick, call, sid) = ring_with_one_request_served(&c);
+    let set_table = |regions: &[(u64, u64, u64, u64)]| {
+        c.send(
+            SET_MEM_TABLE,
+            V1 | NEED_REPLY,
+            &mem_table(regions),
+            &[mem.as_raw_fd()],
+        )
+        .unwrap();
+        assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
+    };
+    set_table(&[(0, RAW_DESC / 2, UADDR, 0)]);
+    submit_raw_nist(&mem, &kick, sid, 2);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut b = [0u8; 2];
+    mem.read_exact_at(&mut b, RAW_USED + 2).unwrap();
+    assert_eq!(
+        u16::from_le_bytes(b),
+        1,
+        "used.idx: served while the ring was unmapped"
+    );
+    let _ = call.read();
+    set_table(&[(0, MEM_SIZE, UADDR, 0)]);
+    let start = Instant::now();
+    while call.read().is_err() {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "no used-buffer notification after the ring's memory came back"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
+}
+
 // ---- Frontend descriptors, memory files and protocol features (ninth session) ----
 
 /// A memfd in hugetlbfs (`MFD_HUGETLB | MFD_ALLOW_SEALING`) of `size`
