@@ -454,24 +454,26 @@ impl VhostUserBackend for CryptoBackend {
             warn!("unexpected event set {evset:?} on thread {thread_id}");
             return Ok(());
         }
-        // Each thread owns exactly one queue: its index is the thread index.
-        let queue = if u64::from(device_event) == self.wake_event_id() {
+        // Each thread owns exactly one queue, whose worker index is the
+        // thread index; the library hands each thread only its own rings
+        // (`vrings` holds one, and a kick is event 0).
+        let ring = if u64::from(device_event) == self.wake_event_id() {
             // Our wake eventfd (after a memory table change): the thread's
-            // own ring, if enabled (as the library does with a kick: a
-            // ring not enabled is left alone).
+            // ring, if enabled (as the library does with a kick: a ring not
+            // enabled is left alone).
             if let Some((c, _)) = self.wake.get(thread_id) {
                 // (Non-blocking; empty when an earlier event already took
                 // the count.)
                 let _ = c.consume();
             }
-            match vrings.get(thread_id) {
-                Some(v) if v.get_ref().is_enabled() => thread_id,
+            match vrings.first() {
+                Some(v) if v.get_ref().is_enabled() => 0,
                 _ => return Ok(()),
             }
         } else {
             usize::from(device_event)
         };
-        match vrings.get(queue) {
+        match vrings.get(ring) {
             Some(vring) if thread_id < self.queues => {
                 let r = self.process_vring(thread_id, vring);
                 // Back to waiting for kicks, maybe for long: no copy of a
