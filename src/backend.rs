@@ -9,7 +9,8 @@
 //! [`crate::seccomp`]).
 
 use std::cell::Cell;
-use std::io;
+use std::fs::File;
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -93,6 +94,14 @@ pub struct CryptoBackend {
     /// ([`CryptoBackend::wake_listener`]) that makes the worker look at
     /// its ring without a kick (after a memory table change).
     wake: Vec<(EventConsumer, EventNotifier)>,
+    /// Per queue: a copy of the frontend's current kick eventfd of its
+    /// ring, which the queue's worker thread watches itself (event id
+    /// [`CryptoBackend::kick_event_id`], registered by the daemon,
+    /// `crate::daemon::serve_stream`); the library gets an eventfd of the
+    /// daemon's own (`crate::frontend_proxy::KickWatch`). Shared with the
+    /// worker as an `Arc`, so that a replacement never waits for a worker
+    /// reading the old one.
+    kick: Vec<Mutex<Option<Arc<File>>>>,
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
     seccomp: Option<WorkerFilter>,
@@ -133,6 +142,7 @@ impl CryptoBackend {
             workers,
             exit,
             wake,
+            kick: (0..queues).map(|_| Mutex::new(None)).collect(),
             handed_out: Mutex::new(Vec::new()),
             poll,
             seccomp: None,
@@ -205,6 +215,23 @@ impl CryptoBackend {
     /// (rings `0..queues`, exit event `queues`).
     fn wake_event_id(&self) -> u64 {
         self.queues as u64 + 1
+    }
+
+    /// The event id under which each queue's worker thread watches the
+    /// frontend's kick eventfd of its ring (the one after the wake
+    /// eventfds').
+    pub fn kick_event_id(&self) -> u64 {
+        self.queues as u64 + 2
+    }
+
+    /// Makes `kick` (a copy of the frontend's kick eventfd, or none) the
+    /// one queue `queue`'s worker reads when its epoll reports
+    /// [`CryptoBackend::kick_event_id`], and returns the one it replaces,
+    /// for the caller to take out of that epoll. `None` past the last
+    /// queue too.
+    pub fn replace_kick(&self, queue: usize, kick: Option<Arc<File>>) -> Option<Arc<File>> {
+        let mut k = self.kick.get(queue)?.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *k, kick)
     }
 
     /// Used-buffer notifications (writes to a call eventfd) that failed
@@ -457,15 +484,33 @@ impl VhostUserBackend for CryptoBackend {
         // Each thread owns exactly one queue, whose worker index is the
         // thread index; the library hands each thread only its own rings
         // (`vrings` holds one, and a kick is event 0).
-        let ring = if u64::from(device_event) == self.wake_event_id() {
-            // Our wake eventfd (after a memory table change): the thread's
-            // ring, if enabled (as the library does with a kick: a ring not
-            // enabled is left alone).
-            if let Some((c, _)) = self.wake.get(thread_id) {
+        let event = u64::from(device_event);
+        let ring = if event == self.wake_event_id() || event == self.kick_event_id() {
+            if event == self.kick_event_id() {
+                // The frontend's kick eventfd (the library reads one of
+                // ours, which nobody writes). Its count is taken, or found
+                // already taken (the frontend read it, or another ring
+                // shares it): either way the ring is looked at, and a read
+                // that fails ends nothing. (The frontend may clear
+                // O_NONBLOCK on the eventfd and take the count first: this
+                // read then waits for its next kick, holding no lock; the
+                // teardown kicks such a worker free, see
+                // `EventFdCopies::wake_workers`.)
+                let kick = self
+                    .kick
+                    .get(thread_id)
+                    .and_then(|k| k.lock().unwrap_or_else(|e| e.into_inner()).clone());
+                if let Some(k) = kick {
+                    let _ = (&*k).read(&mut [0u8; 8]);
+                }
+            } else if let Some((c, _)) = self.wake.get(thread_id) {
+                // Our wake eventfd (after a memory table change).
                 // (Non-blocking; empty when an earlier event already took
                 // the count.)
                 let _ = c.consume();
             }
+            // The thread's ring, if enabled (as the library does with a
+            // kick: a ring not enabled is left alone).
             match vrings.first() {
                 Some(v) if v.get_ref().is_enabled() => 0,
                 _ => return Ok(()),

@@ -6,7 +6,9 @@
 //! private socket whose other end is held by the frontend compatibility
 //! layer ([`crate::frontend_proxy`]), which talks to the real frontend.
 
+use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, error, info, warn};
 use vhost::vhost_user::Listener;
-use vhost_user_backend::VhostUserDaemon;
+use vhost_user_backend::{VhostUserDaemon, VringEpollHandler};
 use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::epoll::EventSet;
 
@@ -152,14 +154,20 @@ pub fn serve_stream(
     )
     .map_err(|e| be(&e))?;
     // Each worker thread (one per queue) also listens on the backend's
-    // wake eventfd of its queue (`CryptoBackend::wake_listener`).
-    for (queue, handler) in daemon.get_epoll_handlers().iter().enumerate() {
+    // wake eventfd of its queue (`CryptoBackend::wake_listener`), and on
+    // the frontend's kick eventfd of its ring (`KickWatcher`).
+    let handlers = daemon.get_epoll_handlers();
+    for (queue, handler) in handlers.iter().enumerate() {
         if let Some((fd, id)) = backend.wake_listener(queue) {
             handler
                 .register_listener(fd, EventSet::IN, id)
                 .map_err(|e| be(&e))?;
         }
     }
+    let mut kicks = KickWatcher {
+        handlers,
+        backend: backend.clone(),
+    };
 
     // The library accepts its end on a private socket in a 0700 directory;
     // we connect first, so the connection it accepts is ours.
@@ -188,6 +196,7 @@ pub fn serve_stream(
         registry,
         proxy,
         &mut copies,
+        Some(&mut kicks),
         backend.disconnect_flag(),
         &closer,
     ) {
@@ -195,6 +204,7 @@ pub fn serve_stream(
         Err(e) => warn!("frontend connection ended: {e}"),
     }
     drop(closer);
+    drop(kicks);
     // The queue workers stop serving now, even if the guest keeps its
     // rings busy (else they would never go back to the library's event
     // loop, and dropping the daemon below would wait for them forever).
@@ -233,6 +243,41 @@ pub fn serve_stream(
     // Dropping the backend (last reference) drops the session tables,
     // zeroizing keys.
     Ok(())
+}
+
+/// The frontend's kick eventfds of one connection's data rings, each
+/// watched by its queue's worker thread (in that thread's epoll, under
+/// [`CryptoBackend::kick_event_id`]; the worker reads it, see
+/// `CryptoBackend::handle_event`) instead of by vhost-user-backend, whose
+/// worker thread ends on a failed kick read (`frontend_proxy`'s module
+/// documentation).
+struct KickWatcher {
+    /// The library's epoll handlers, one per worker thread (= queue).
+    handlers: Vec<Arc<VringEpollHandler<Arc<CryptoBackend>>>>,
+    backend: Arc<CryptoBackend>,
+}
+
+impl frontend_proxy::KickWatch for KickWatcher {
+    fn set_kick(&mut self, index: usize, kick: Option<&File>) -> io::Result<()> {
+        let Some(handler) = self.handlers.get(index) else {
+            return Ok(());
+        };
+        let id = self.backend.kick_event_id();
+        let new = kick.map(File::try_clone).transpose()?.map(Arc::new);
+        if let Some(k) = &new {
+            handler.register_listener(k.as_raw_fd(), EventSet::IN, id)?;
+        }
+        // The old one leaves the epoll while this copy still holds it open
+        // (the epoll would keep watching it if another copy, ours or the
+        // frontend's, stayed open, and a write to it would still wake the
+        // worker).
+        if let Some(old) = self.backend.replace_kick(index, new) {
+            if let Err(e) = handler.unregister_listener(old.as_raw_fd(), EventSet::IN, id) {
+                debug!("ring {index}: the replaced kick eventfd was not in the epoll: {e}");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How long a connection's teardown may take before the daemon starts

@@ -30,6 +30,16 @@
 //!   that are not eventfds, or are eventfds in semaphore mode, end the
 //!   connection; the others are made non-blocking before the library gets
 //!   them (see [`check_ring_eventfd`]);
+//! * `SET_VRING_KICK` of a data ring, given a [`KickWatch`] (the daemon
+//!   always gives one): the frontend's kick eventfd goes to the watch (the
+//!   queue's worker thread watches it itself) and the library gets a fresh
+//!   eventfd of the daemon's own instead, which only it reads and nobody
+//!   writes. vhost-user-backend 0.24 reads a ring's *current* kick eventfd
+//!   whenever its epoll reports one of the ring's, and a failed read
+//!   (`EAGAIN`: the frontend read the count first, two rings share the
+//!   eventfd, or the ring's earlier eventfd, left in the epoll, was
+//!   written) ends that queue's worker thread for the rest of the
+//!   connection;
 //! * `SET_MEM_TABLE` / `ADD_MEM_REG`: each region's file is sealed against
 //!   shrinking first (`F_SEAL_SHRINK`, added if the memfd allows it), so the
 //!   size checked is the size for good; a file that cannot be sealed is
@@ -340,8 +350,38 @@ fn send_all(sock: &UnixStream, data: &[u8], fds: &[File]) -> io::Result<()> {
     Ok(())
 }
 
+/// Takes the frontend's kick eventfds of the data rings (see the module
+/// documentation): the daemon's queue workers watch them themselves.
+pub trait KickWatch {
+    /// Data ring `index` (below the number of data queues) now has `kick`
+    /// as its kick eventfd (already checked, [`check_ring_eventfd`]), or
+    /// none (`VHOST_USER_VRING_NOFD_MASK`). Keeps what it needs (a copy).
+    ///
+    /// # Errors
+    /// Host-side failures (copying the descriptor, epoll); they end the
+    /// connection.
+    fn set_kick(&mut self, index: usize, kick: Option<&File>) -> io::Result<()>;
+}
+
+/// A new eventfd (non-blocking, close-on-exec) of the daemon's own.
+///
+/// # Errors
+/// `eventfd(2)` failed.
+fn own_eventfd() -> io::Result<File> {
+    // SAFETY: eventfd(2) with an initial count of 0 and flags; the result
+    // is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 /// Serves one frontend connection: pumps messages between `frontend` and
 /// `backend` (the library's end) until either side closes, then shuts both.
+/// With `kicks`, the data rings' kick eventfds go to it and the library
+/// gets eventfds of the daemon's own (see the module documentation).
 /// Every descriptor the frontend sent, and the last copy of `frontend`
 /// itself, is closed through `closer` (see [`Closer`]).
 /// Keeps copies of the rings' kick and call eventfds in `copies` for the
@@ -352,12 +392,14 @@ fn send_all(sock: &UnixStream, data: &[u8], fds: &[File]) -> io::Result<()> {
 /// # Errors
 /// Socket errors; a malformed message from the frontend (payload over
 /// 4096 bytes) ends the connection with an error.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     frontend: UnixStream,
     backend: UnixStream,
     mut registry: SessionRegistry,
     config: ProxyConfig,
     copies: &mut EventFdCopies,
+    kicks: Option<&mut dyn KickWatch>,
     frontend_gone: Arc<AtomicBool>,
     closer: &Closer,
 ) -> io::Result<()> {
@@ -389,6 +431,7 @@ pub fn run(
         &mut registry,
         config,
         copies,
+        kicks,
         closer,
     );
     // No more requests: the library answers what it has (a frontend that
@@ -597,6 +640,7 @@ fn pump_requests(
     registry: &mut SessionRegistry,
     config: ProxyConfig,
     copies: &mut EventFdCopies,
+    mut kicks: Option<&mut dyn KickWatch>,
     closer: &Closer,
 ) -> io::Result<()> {
     let mut acked_features: u64 = 0;
@@ -698,6 +742,22 @@ fn pump_requests(
                         let index = (word & VHOST_USER_VRING_IDX_MASK) as usize;
                         if index < config.num_queues {
                             copies.keep(request, index, file)?;
+                        }
+                    }
+                    if let (VHOST_USER_SET_VRING_KICK, Some(watch), Some(word)) =
+                        (request, kicks.as_deref_mut(), msg.payload.get(..8))
+                    {
+                        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+                        let index = (word & VHOST_USER_VRING_IDX_MASK) as usize;
+                        if index < config.num_queues {
+                            if msg.fds.is_empty() {
+                                // (VHOST_USER_VRING_NOFD_MASK: no eventfd.)
+                                watch.set_kick(index, None)?;
+                            } else if let Some(theirs) = msg.fds.files.first_mut() {
+                                watch.set_kick(index, Some(theirs))?;
+                                let theirs = std::mem::replace(theirs, own_eventfd()?);
+                                closer.close(theirs.into());
+                            }
                         }
                     }
                 }
@@ -1765,6 +1825,7 @@ mod tests {
                 registry,
                 config,
                 &mut EventFdCopies::default(),
+                None,
                 Arc::default(),
                 &Closer::start().unwrap(),
             )

@@ -1889,11 +1889,11 @@ fn seals(f: &File) -> i32 {
 const VRING_DESC_F_NEXT: u16 = 1;
 const VRING_DESC_F_WRITE: u16 = 2;
 
-/// Where [`submit_raw_nist`] puts a request: header, IV, src, dst, status,
-/// then the ring (descriptors, avail ring, used ring) at 512 KiB.
+/// Where [`submit_raw_nist`] puts a request: header, IV, src (0x12000),
+/// dst, status, 4 KiB apart ([`submit_nist_at`]), then the ring
+/// (descriptors, avail ring, used ring) at 512 KiB.
 const RAW_HDR: u64 = 0x10000;
 const RAW_IV: u64 = 0x11000;
-const RAW_SRC: u64 = 0x12000;
 const RAW_DST: u64 = 0x13000;
 const RAW_STATUS: u64 = 0x14000;
 const RAW_DESC: u64 = 0x80000;
@@ -1919,9 +1919,22 @@ fn raw_nist_request(mem: &File, kick: &EventFd, call: &EventFd, sid: u64, n: u16
 /// The guest's part of [`raw_nist_request`]: writes the request, publishes
 /// it as the `n`th avail entry and kicks.
 fn submit_raw_nist(mem: &File, kick: &EventFd, sid: u64, n: u16) {
+    submit_nist_at(mem, kick, RAW_DESC, RAW_HDR, sid, n);
+}
+
+/// [`submit_raw_nist`] for a ring at `ring_at` (avail ring +4 KiB) whose
+/// buffers lie at `buf_at` (header; IV, src, dst and status 4 KiB apart
+/// after it): [`RAW_DESC`] and [`RAW_HDR`] are the usual ones.
+fn submit_nist_at(mem: &File, kick: &EventFd, ring_at: u64, buf_at: u64, sid: u64, n: u16) {
     use std::os::unix::fs::FileExt;
-    let (hdr_at, iv_at, src_at, dst_at, status_at) = (RAW_HDR, RAW_IV, RAW_SRC, RAW_DST, RAW_STATUS);
-    let (desc, avail) = (RAW_DESC, RAW_AVAIL);
+    let (hdr_at, iv_at, src_at, dst_at, status_at) = (
+        buf_at,
+        buf_at + 0x1000,
+        buf_at + 0x2000,
+        buf_at + 0x3000,
+        buf_at + 0x4000,
+    );
+    let (desc, avail) = (ring_at, ring_at + 0x1000);
     let h = common::hdr(ENCRYPT, sid, 64, 64);
     mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
     mem.write_all_at(&hex(NIST_IV), iv_at).unwrap();
@@ -3247,6 +3260,174 @@ fn memory_comes_back_without_a_kick(queues: u32, index: u32) {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
+}
+
+/// How many `vring_worker` threads process `pid` has (one per data queue
+/// while a connection is served).
+fn vring_workers(pid: u32) -> usize {
+    vring_worker_syscalls(pid).len()
+}
+
+/// `used.idx` of the ring at `ring_at` (used ring +8 KiB).
+fn used_idx_at(mem: &File, ring_at: u64) -> u16 {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 2];
+    mem.read_exact_at(&mut b, ring_at + 0x2002).unwrap();
+    u16::from_le_bytes(b)
+}
+
+/// Submits request `n` ([`submit_nist_at`]) and waits for `used.idx` to
+/// reach `n`; false after 2 s.
+fn served_at(mem: &File, kick: &EventFd, ring_at: u64, buf_at: u64, sid: u64, n: u16) -> bool {
+    submit_nist_at(mem, kick, ring_at, buf_at, sid, n);
+    let start = Instant::now();
+    while used_idx_at(mem, ring_at) != n {
+        if start.elapsed() > Duration::from_secs(2) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// SET_VRING_KICK gives a running ring a new kick eventfd (no stop
+/// before), and the frontend then writes the old one. vhost-user-backend
+/// 0.24 left the old eventfd in the worker's epoll (other copies of it
+/// were open) but read the new, empty one: `EAGAIN` ended the queue's
+/// worker thread for the rest of the connection, and requests kicked on
+/// the new eventfd were never served, even after a full ring restart
+/// (seventeenth session, found by a fresh prober). Ring 0 of one queue
+/// and ring 1 of two. Now the workers watch the frontend's kick eventfds
+/// themselves and the library gets eventfds of the daemon's own.
+#[test]
+fn a_kick_eventfd_written_after_its_replacement_stops_no_worker() {
+    for (queues, index) in [(1u32, 0u32), (2, 1)] {
+        let mut daemon = Daemon::spawn(&["--queues", &queues.to_string()]);
+        let c = Conn::negotiated(&daemon.sock);
+        let mem = memfd(MEM_SIZE);
+        c.send(
+            SET_MEM_TABLE,
+            V1 | NEED_REPLY,
+            &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
+            &[mem.as_raw_fd()],
+        )
+        .unwrap();
+        assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
+        let (kick, call) = (
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+            EventFd::new(EFD_NONBLOCK).unwrap(),
+        );
+        raw_ring_at(&c, index, RAW_DESC, &kick, &call);
+        let sid = create_nist_session(&c);
+        assert!(
+            served_at(&mem, &kick, RAW_DESC, RAW_HDR, sid, 1),
+            "ring {index}: request 1"
+        );
+        let kick2 = EventFd::new(EFD_NONBLOCK).unwrap();
+        c.send(
+            SET_VRING_KICK,
+            V1 | NEED_REPLY,
+            &u64::from(index).to_le_bytes(),
+            &[kick2.as_raw_fd()],
+        )
+        .unwrap();
+        assert_eq!(c.reply_u64(SET_VRING_KICK), 0, "SET_VRING_KICK");
+        kick.write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            vring_workers(daemon.pid()),
+            queues as usize,
+            "ring {index}: worker threads after a write to the replaced kick eventfd"
+        );
+        assert!(
+            served_at(&mem, &kick2, RAW_DESC, RAW_HDR, sid, 2),
+            "ring {index}: request 2, kicked on the new eventfd, not served"
+        );
+        assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
+        drop(c);
+        daemon.assert_alive("a replaced kick eventfd written");
+    }
+}
+
+/// Two rings share one non-blocking kick eventfd: each kick wakes both
+/// workers, and the one that read second got `EAGAIN` from the library,
+/// which ended its thread (within a few hundred kicks, prober). After
+/// 1,000 kicks both workers must be there and serve their rings. (Which
+/// worker sees a given kick is a race the frontend made by sharing the
+/// eventfd: a worker whose epoll looks only after the other took the
+/// count does not wake for it. So the requests are kicked until served.)
+#[test]
+fn two_rings_sharing_a_kick_eventfd_keep_their_workers() {
+    use std::os::unix::fs::FileExt;
+    let mut daemon = Daemon::spawn(&["--queues", "2"]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let (call0, call1) = (
+        EventFd::new(EFD_NONBLOCK).unwrap(),
+        EventFd::new(EFD_NONBLOCK).unwrap(),
+    );
+    raw_ring(&c, &mem, &kick, &call0);
+    raw_ring_at(&c, 1, 0xA0000, &kick, &call1);
+    let sid = create_nist_session(&c);
+    for _ in 0..1000 {
+        kick.write(1).unwrap();
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!(
+        vring_workers(daemon.pid()),
+        2,
+        "worker threads after 1,000 shared kicks"
+    );
+    submit_nist_at(&mem, &kick, RAW_DESC, RAW_HDR, sid, 1);
+    submit_nist_at(&mem, &kick, 0xA0000, 0x30000, sid, 1);
+    let start = Instant::now();
+    while used_idx_at(&mem, RAW_DESC) != 1 || used_idx_at(&mem, 0xA0000) != 1 {
+        assert!(
+            start.elapsed() < TIMEOUT,
+            "rings not served: used.idx {} and {}",
+            used_idx_at(&mem, RAW_DESC),
+            used_idx_at(&mem, 0xA0000)
+        );
+        kick.write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
+    let mut dst = vec![0u8; 64];
+    mem.read_exact_at(&mut dst, 0x33000).unwrap();
+    assert_eq!(dst, hex(NIST_CT), "ring 1: F.2.1 ciphertext");
+    drop(c);
+    daemon.assert_alive("a shared kick eventfd");
+}
+
+/// The frontend reads its own kick eventfd right after each write (it
+/// holds a copy): a worker woken for the kick found it empty, and the
+/// library's `EAGAIN` ended the thread (after about 700 pairs, prober).
+/// The ring must still be served after 5,000 such pairs.
+#[test]
+fn a_frontend_taking_back_its_kicks_keeps_the_worker() {
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let (mem, kick, _call, sid) = ring_with_one_request_served(&c);
+    for i in 0..5000u32 {
+        kick.write(1).unwrap();
+        for _ in 0..(i % 50) * 20 {
+            std::hint::spin_loop();
+        }
+        let _ = kick.read();
+    }
+    assert_eq!(
+        vring_workers(daemon.pid()),
+        1,
+        "worker threads after 5,000 kicks taken back"
+    );
+    assert!(
+        served_at(&mem, &kick, RAW_DESC, RAW_HDR, sid, 2),
+        "request 2 not served"
+    );
+    assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
+    drop(c);
+    daemon.assert_alive("kicks taken back");
 }
 
 // ---- Frontend descriptors, memory files and protocol features (ninth session) ----

@@ -258,6 +258,7 @@ fn session_messages_leave_no_key_on_the_heap() {
         registry,
         config,
         &mut Default::default(),
+        None,
         Default::default(),
         &frontend_proxy::Closer::start().unwrap(),
     )
