@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use log::{debug, error, warn};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -99,9 +100,12 @@ pub struct CryptoBackend {
     /// [`CryptoBackend::kick_event_id`], registered by the daemon,
     /// `crate::daemon::serve_stream`); the library gets an eventfd of the
     /// daemon's own (`crate::frontend_proxy::KickWatch`). Shared with the
-    /// worker as an `Arc`, so that a replacement never waits for a worker
-    /// reading the old one.
-    kick: Vec<Mutex<Option<Arc<File>>>>,
+    /// worker as an `Arc` (loaded without a lock), so that a replacement
+    /// never waits for a worker reading the old one, and the old one stays
+    /// open while a worker reads it.
+    kick: Vec<ArcSwapOption<File>>,
+    /// Whether an event set without `IN` was logged on this connection.
+    odd_event_logged: AtomicBool,
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
     seccomp: Option<WorkerFilter>,
@@ -142,7 +146,8 @@ impl CryptoBackend {
             workers,
             exit,
             wake,
-            kick: (0..queues).map(|_| Mutex::new(None)).collect(),
+            kick: (0..queues).map(|_| ArcSwapOption::empty()).collect(),
+            odd_event_logged: AtomicBool::new(false),
             handed_out: Mutex::new(Vec::new()),
             poll,
             seccomp: None,
@@ -230,8 +235,7 @@ impl CryptoBackend {
     /// for the caller to take out of that epoll. `None` past the last
     /// queue too.
     pub fn replace_kick(&self, queue: usize, kick: Option<Arc<File>>) -> Option<Arc<File>> {
-        let mut k = self.kick.get(queue)?.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *k, kick)
+        self.kick.get(queue)?.swap(kick)
     }
 
     /// Used-buffer notifications (writes to a call eventfd) that failed
@@ -477,40 +481,55 @@ impl VhostUserBackend for CryptoBackend {
         thread_id: usize,
     ) -> io::Result<()> {
         self.confine_worker_thread()?;
-        if evset != EventSet::IN {
-            warn!("unexpected event set {evset:?} on thread {thread_id}");
+        let event = u64::from(device_event);
+        if event == self.kick_event_id() {
+            // The frontend's kick eventfd (the library reads one of ours,
+            // which nobody writes). Its count is taken first, whatever else
+            // the epoll reports: an eventfd whose count the frontend took to
+            // u64::MAX reports IN and ERR, and only the read ends that (the
+            // event would come back at once, for ever). The count may be
+            // found taken already (the frontend read it, or another ring
+            // shares the eventfd): the ring is looked at anyway, and a read
+            // that fails ends nothing. (The frontend may clear O_NONBLOCK on
+            // the eventfd and take the count first: this read then waits
+            // for its next kick, holding no lock; the teardown kicks such a
+            // worker free, see `EventFdCopies::wake_workers`.)
+            if let Some(k) = self.kick.get(thread_id).and_then(ArcSwapOption::load_full) {
+                let _ = (&*k).read(&mut [0u8; 8]);
+            }
+        }
+        if !evset.contains(EventSet::IN) {
+            // (Once per connection: whatever reports it may report it
+            // again at once.)
+            if !self.odd_event_logged.swap(true, Ordering::Relaxed) {
+                warn!(
+                    "unexpected event set {evset:?} for event {device_event} on thread {thread_id} \
+                     (further ones on this connection are not logged)"
+                );
+            }
             return Ok(());
         }
         // Each thread owns exactly one queue, whose worker index is the
         // thread index; the library hands each thread only its own rings
         // (`vrings` holds one, and a kick is event 0).
-        let event = u64::from(device_event);
         let ring = if event == self.wake_event_id() || event == self.kick_event_id() {
-            if event == self.kick_event_id() {
-                // The frontend's kick eventfd (the library reads one of
-                // ours, which nobody writes). Its count is taken, or found
-                // already taken (the frontend read it, or another ring
-                // shares it): either way the ring is looked at, and a read
-                // that fails ends nothing. (The frontend may clear
-                // O_NONBLOCK on the eventfd and take the count first: this
-                // read then waits for its next kick, holding no lock; the
-                // teardown kicks such a worker free, see
-                // `EventFdCopies::wake_workers`.)
-                let kick = self
-                    .kick
-                    .get(thread_id)
-                    .and_then(|k| k.lock().unwrap_or_else(|e| e.into_inner()).clone());
-                if let Some(k) = kick {
-                    let _ = (&*k).read(&mut [0u8; 8]);
+            if event == self.wake_event_id() {
+                if let Some((c, _)) = self.wake.get(thread_id) {
+                    // Our wake eventfd (after a memory table change).
+                    // (Non-blocking; empty when an earlier event already
+                    // took the count.)
+                    let _ = c.consume();
                 }
-            } else if let Some((c, _)) = self.wake.get(thread_id) {
-                // Our wake eventfd (after a memory table change).
-                // (Non-blocking; empty when an earlier event already took
-                // the count.)
-                let _ = c.consume();
             }
             // The thread's ring, if enabled (as the library does with a
-            // kick: a ring not enabled is left alone).
+            // kick: a ring not enabled is left alone). A kick taken here
+            // while the ring is stopped or disabled is not kept: the ring
+            // is looked at again when it is started or enabled, because
+            // vhost-user-backend 0.24 then registers its kick eventfd (ours)
+            // in this thread's epoll, and `register_event` puts the ring on
+            // its pending list and wakes the thread, which calls this
+            // function for the ring (event_loop.rs, `register_event` and
+            // `handle_num_queues_event`; tests `a_ring_started_again_*`).
             match vrings.first() {
                 Some(v) if v.get_ref().is_enabled() => 0,
                 _ => return Ok(()),
