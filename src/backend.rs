@@ -527,12 +527,12 @@ impl VhostUserBackend for CryptoBackend {
             // SET_VRING_KICK replaces it, so such kicks are read here, a
             // few µs of this thread each, and the ring is left alone.) A
             // kick taken here while the ring is stopped or disabled is not
-            // kept: the ring
-            // is looked at again when it is started or enabled, because
-            // vhost-user-backend 0.24 then registers its kick eventfd (ours)
-            // in this thread's epoll, and `register_event` puts the ring on
-            // its pending list and wakes the thread, which calls this
-            // function for the ring (event_loop.rs, `register_event` and
+            // kept: the ring is looked at again when it is started or
+            // enabled, because vhost-user-backend 0.24 then registers its
+            // kick eventfd (ours) in this thread's epoll, and
+            // `register_event` puts the ring on its pending list and wakes
+            // the thread, which calls this function for the ring
+            // (event_loop.rs, `register_event` and
             // `handle_num_queues_event`; tests `a_ring_started_again_*`).
             match vrings.first() {
                 Some(v) if v.get_ref().is_enabled() => 0,

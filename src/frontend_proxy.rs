@@ -737,27 +737,26 @@ fn pump_requests(
                     for file in msg.fds.iter() {
                         check_ring_eventfd(request, file)?;
                     }
-                    if let ([file], Some(word)) = (&msg.fds[..], msg.payload.get(..8)) {
-                        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
-                        let index = (word & VHOST_USER_VRING_IDX_MASK) as usize;
-                        if index < config.num_queues {
-                            copies.keep(request, index, file)?;
-                        }
+                    // The data ring the message is for, if any.
+                    let data_ring = msg
+                        .payload
+                        .get(..8)
+                        .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
+                        .map(|w| (w & VHOST_USER_VRING_IDX_MASK) as usize)
+                        .filter(|&index| index < config.num_queues);
+                    if let (Some(index), [file]) = (data_ring, &msg.fds[..]) {
+                        copies.keep(request, index, file)?;
                     }
-                    if let (VHOST_USER_SET_VRING_KICK, Some(watch), Some(word)) =
-                        (request, kicks.as_deref_mut(), msg.payload.get(..8))
+                    if let (VHOST_USER_SET_VRING_KICK, Some(index), Some(watch)) =
+                        (request, data_ring, kicks.as_deref_mut())
                     {
-                        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
-                        let index = (word & VHOST_USER_VRING_IDX_MASK) as usize;
-                        if index < config.num_queues {
-                            if msg.fds.is_empty() {
-                                // (VHOST_USER_VRING_NOFD_MASK: no eventfd.)
-                                watch.set_kick(index, None)?;
-                            } else if let Some(theirs) = msg.fds.files.first_mut() {
-                                watch.set_kick(index, Some(theirs))?;
-                                let theirs = std::mem::replace(theirs, own_eventfd()?);
-                                closer.close(theirs.into());
-                            }
+                        if let Some(theirs) = msg.fds.files.first_mut() {
+                            watch.set_kick(index, Some(theirs))?;
+                            let theirs = std::mem::replace(theirs, own_eventfd()?);
+                            closer.close(theirs.into());
+                        } else {
+                            // (VHOST_USER_VRING_NOFD_MASK: no eventfd.)
+                            watch.set_kick(index, None)?;
                         }
                     }
                 }
