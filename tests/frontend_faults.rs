@@ -1908,12 +1908,19 @@ const RAW_USED: u64 = 0x82000;
 /// (used id, used length, status, dst).
 fn raw_nist_request(mem: &File, kick: &EventFd, call: &EventFd, sid: u64, n: u16) -> (u32, u32, u8, Vec<u8>) {
     submit_raw_nist(mem, kick, sid, n);
+    await_call(call, "for the request");
+    raw_nist_result(mem, n)
+}
+
+/// Waits up to [`TIMEOUT`] for a used-buffer notification on `call`
+/// (`after` says what it should follow, for the failure message).
+#[track_caller]
+fn await_call(call: &EventFd, after: &str) {
     let start = Instant::now();
     while call.read().is_err() {
-        assert!(start.elapsed() < TIMEOUT, "no used-buffer notification");
+        assert!(start.elapsed() < TIMEOUT, "no used-buffer notification {after}");
         std::thread::sleep(Duration::from_millis(1));
     }
-    raw_nist_result(mem, n)
 }
 
 /// The guest's part of [`raw_nist_request`]: writes the request, publishes
@@ -2008,11 +2015,27 @@ fn raw_nist_result(mem: &File, n: u16) -> (u32, u32, u8, Vec<u8>) {
 /// SET_MEM_TABLE with `mem` (one 1 MiB region at guest address 0); every
 /// message is acked with 0.
 fn raw_ring(c: &Conn, mem: &File, kick: &EventFd, call: &EventFd) {
-    let table = mem_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &[mem.as_raw_fd()])
-        .unwrap();
+    raw_ring_index(c, mem, 0, kick, call);
+}
+
+/// [`raw_ring`] for data ring `index`.
+fn raw_ring_index(c: &Conn, mem: &File, index: u32, kick: &EventFd, call: &EventFd) {
+    set_mem_table(c, mem, &[(0, MEM_SIZE, UADDR, 0)]);
+    raw_ring_at(c, index, RAW_DESC, kick, call);
+}
+
+/// SET_MEM_TABLE of `regions` (guest address, size, frontend address,
+/// offset), all in `mem`; acked with 0.
+#[track_caller]
+fn set_mem_table(c: &Conn, mem: &File, regions: &[(u64, u64, u64, u64)]) {
+    c.send(
+        SET_MEM_TABLE,
+        V1 | NEED_REPLY,
+        &mem_table(regions),
+        &[mem.as_raw_fd()],
+    )
+    .unwrap();
     assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
-    raw_ring_at(c, 0, RAW_DESC, kick, call);
 }
 
 /// On a negotiated connection: ring 0 in a fresh memory file
@@ -2020,10 +2043,15 @@ fn raw_ring(c: &Conn, mem: &File, kick: &EventFd, call: &EventFd) {
 /// F.2.1). Returns the memory, the ring's kick and call eventfds and the
 /// session id.
 fn ring_with_one_request_served(c: &Conn) -> (File, EventFd, EventFd, u64) {
+    ring_with_one_request_served_at(c, 0)
+}
+
+/// [`ring_with_one_request_served`] on data ring `index`.
+fn ring_with_one_request_served_at(c: &Conn, index: u32) -> (File, EventFd, EventFd, u64) {
     let mem = memfd(MEM_SIZE);
     let kick = EventFd::new(EFD_NONBLOCK).unwrap();
     let call = EventFd::new(EFD_NONBLOCK).unwrap();
-    raw_ring(c, &mem, &kick, &call);
+    raw_ring_index(c, &mem, index, &kick, &call);
     let sid = create_nist_session(c);
     assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
     (mem, kick, call, sid)
@@ -3181,14 +3209,7 @@ fn restart_with_a_queued_request(call_first: bool) {
         );
         send(SET_VRING_CALL, &fd_message, &[call2.as_raw_fd()]);
     }
-    let start = Instant::now();
-    while call2.read().is_err() {
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "no used-buffer notification after the restart"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    await_call(&call2, "after the restart");
     assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
 }
 
@@ -3219,26 +3240,8 @@ fn a_second_ring_whose_memory_comes_back_is_served_without_another_kick() {
 fn memory_comes_back_without_a_kick(queues: u32, index: u32) {
     let daemon = Daemon::spawn(&["--queues", &queues.to_string()]);
     let c = Conn::negotiated(&daemon.sock);
-    let mem = memfd(MEM_SIZE);
-    let set_table = |regions: &[(u64, u64, u64, u64)]| {
-        c.send(
-            SET_MEM_TABLE,
-            V1 | NEED_REPLY,
-            &mem_table(regions),
-            &[mem.as_raw_fd()],
-        )
-        .unwrap();
-        assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
-    };
-    let (kick, call) = (
-        EventFd::new(EFD_NONBLOCK).unwrap(),
-        EventFd::new(EFD_NONBLOCK).unwrap(),
-    );
-    set_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    raw_ring_at(&c, index, RAW_DESC, &kick, &call);
-    let sid = create_nist_session(&c);
-    assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
-    set_table(&[(0, RAW_DESC / 2, UADDR, 0)]);
+    let (mem, kick, call, sid) = ring_with_one_request_served_at(&c, index);
+    set_mem_table(&c, &mem, &[(0, RAW_DESC / 2, UADDR, 0)]);
     submit_raw_nist(&mem, &kick, sid, 2);
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
@@ -3247,15 +3250,11 @@ fn memory_comes_back_without_a_kick(queues: u32, index: u32) {
         "ring {index}: used.idx: served while the ring was unmapped"
     );
     let _ = call.read();
-    set_table(&[(0, MEM_SIZE, UADDR, 0)]);
-    let start = Instant::now();
-    while call.read().is_err() {
-        assert!(
-            start.elapsed() < TIMEOUT,
-            "ring {index}: no used-buffer notification after the ring's memory came back"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    set_mem_table(&c, &mem, &[(0, MEM_SIZE, UADDR, 0)]);
+    await_call(
+        &call,
+        &format!("on ring {index} after the ring's memory came back"),
+    );
     assert_raw_nist_ok(2, raw_nist_result(&mem, 2));
 }
 
@@ -3301,25 +3300,7 @@ fn a_kick_eventfd_written_after_its_replacement_stops_no_worker() {
     for (queues, index) in [(1u32, 0u32), (2, 1)] {
         let mut daemon = Daemon::spawn(&["--queues", &queues.to_string()]);
         let c = Conn::negotiated(&daemon.sock);
-        let mem = memfd(MEM_SIZE);
-        c.send(
-            SET_MEM_TABLE,
-            V1 | NEED_REPLY,
-            &mem_table(&[(0, MEM_SIZE, UADDR, 0)]),
-            &[mem.as_raw_fd()],
-        )
-        .unwrap();
-        assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
-        let (kick, call) = (
-            EventFd::new(EFD_NONBLOCK).unwrap(),
-            EventFd::new(EFD_NONBLOCK).unwrap(),
-        );
-        raw_ring_at(&c, index, RAW_DESC, &kick, &call);
-        let sid = create_nist_session(&c);
-        assert!(
-            served_at(&mem, &kick, RAW_DESC, RAW_HDR, sid, 1),
-            "ring {index}: request 1"
-        );
+        let (mem, kick, _call, sid) = ring_with_one_request_served_at(&c, index);
         let kick2 = EventFd::new(EFD_NONBLOCK).unwrap();
         c.send(
             SET_VRING_KICK,
