@@ -497,6 +497,12 @@ impl VhostUserBackend for CryptoBackend {
             if let Some(k) = self.kick.get(thread_id).and_then(ArcSwapOption::load_full) {
                 let _ = (&*k).read(&mut [0u8; 8]);
             }
+        } else if event == self.wake_event_id() {
+            // Our wake eventfd (after a memory table change). (Non-blocking;
+            // empty when an earlier event already took the count.)
+            if let Some((c, _)) = self.wake.get(thread_id) {
+                let _ = c.consume();
+            }
         }
         if !evset.contains(EventSet::IN) {
             // (Once per connection: whatever reports it may report it
@@ -513,14 +519,6 @@ impl VhostUserBackend for CryptoBackend {
         // thread index; the library hands each thread only its own rings
         // (`vrings` holds one, and a kick is event 0).
         let ring = if event == self.wake_event_id() || event == self.kick_event_id() {
-            if event == self.wake_event_id() {
-                if let Some((c, _)) = self.wake.get(thread_id) {
-                    // Our wake eventfd (after a memory table change).
-                    // (Non-blocking; empty when an earlier event already
-                    // took the count.)
-                    let _ = c.consume();
-                }
-            }
             // The thread's ring, if enabled. (The library took a stopped
             // or disabled ring's kick eventfd out of its epoll and never
             // read it; the frontend's stays in this one until the next
