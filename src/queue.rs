@@ -440,7 +440,9 @@ impl QueueWorker {
                 return Ok(result);
             }
         }
-        // One lock per batch: the registry's CREATE/CLOSE wait for it.
+        // One lock per batch; taking it applies what the session registry
+        // posted meanwhile (a CREATE or CLOSE does not wait for this lock
+        // while a batch holds it, `crate::sessions`).
         let sessions = self.sessions.lock();
         let ahead = avail.wrapping_sub(*next_avail);
         if ahead > ring.size {

@@ -6,13 +6,18 @@
 //! Sessions belong to a connection (QEMU routes every session message of a
 //! device through one socket, protocol reference §1.2). The registry lives
 //! with the session-message handler; it validates a CREATE, expands the key
-//! once, and puts the session into every queue's table before the reply
-//! goes out, so a session is there before the guest can use its id. A queue
-//! worker locks its table once per batch (not per request) and looks
-//! sessions up in the locked table; a CREATE or CLOSE waits for the current
-//! batch of each queue to end. Nothing queues up between the two sides, so
-//! memory stays bounded however many sessions come and go while no request
-//! arrives.
+//! once, and posts the session to every queue's table before the reply
+//! goes out. A queue worker locks its table once per batch (not per
+//! request), and whoever locks a table first applies what was posted to it
+//! (one atomic load otherwise), so a session is in the table before any
+//! batch can look its id up. The registry applies the posts itself to every
+//! table whose lock is free and leaves the others to their workers, whose
+//! current batch is then running: a CREATE waits for no batch, and a CLOSE
+//! waits for the current batch of the busy queues, all at once rather than
+//! one queue after another (with more busy queues than CPUs, one after
+//! another took seconds). What waits to be applied is bounded: a CREATE
+//! adds one entry per table, and only up to `max_sessions` live sessions;
+//! a CLOSE returns only once every table has applied everything before it.
 //!
 //! Ids start at 1 and are never reused: not on a connection, and in the
 //! daemon not across connections either ([`SessionIds`]). Key schedules are
@@ -29,7 +34,8 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
 
 use algorithms::{AesCbcKey, Direction, MacAlg, MacKey};
 use log::{debug, warn};
@@ -111,6 +117,8 @@ pub struct SessionRegistry {
     max_sessions: usize,
     tables: Vec<SessionTable>,
     refused_full: u64,
+    /// Per table, the posts a CLOSE waits for (kept to reuse its room).
+    waits: Vec<u64>,
 }
 
 impl SessionRegistry {
@@ -121,6 +129,7 @@ impl SessionRegistry {
             ids,
             live: HashSet::with_capacity(max_sessions.min(MAX_PRERESERVED)),
             max_sessions,
+            waits: Vec::with_capacity(tables.len()),
             tables,
             refused_full: 0,
         }
@@ -200,7 +209,12 @@ impl SessionRegistry {
         self.live.insert(id);
         let session = Session { direction, key, mac };
         for t in &self.tables {
-            t.lock().map.insert(id, SessionBox::new(session.clone()));
+            // Applied here if the queue is between batches, else by its
+            // worker when it locks the table for its next batch, before
+            // that batch looks anything up: a request naming the id can
+            // only come after the reply.
+            t.post(Update::Insert(id, SessionBox::new(session.clone())));
+            t.try_apply();
         }
         debug!(
             "session {id} created ({direction:?}, {} bits, mac {:?})",
@@ -216,18 +230,46 @@ impl SessionRegistry {
             debug!("CLOSE_CRYPTO_SESSION for unknown session {id} ignored");
             return false;
         }
+        // Dropping the session zeroizes its whole box, key schedule
+        // included (the table itself only ever held the pointer), wherever
+        // the removal is applied; then the queue's worker wipes its stack
+        // (`TableShared::apply_posted`).
+        self.waits.clear();
         for t in &self.tables {
-            // Dropping the session zeroizes its whole box, key schedule
-            // included (the table itself only ever held the pointer).
-            drop(t.lock().map.remove(&id));
-            // Tells the queue's worker to wipe its stack (after the lock:
-            // a batch that used the session has ended).
-            t.shared.closes.fetch_add(1, Ordering::Release);
+            self.waits.push(t.post(Update::Remove(id)));
         }
+        self.await_applied();
         debug!("session {id} closed");
         true
     }
+
+    /// Returns once every table has applied the posts up to its entry in
+    /// `waits`: it applies them itself to each table whose lock is free,
+    /// and each busy queue's worker applies them when it locks its table
+    /// for its next batch (or, if the ring has gone quiet, this does once
+    /// the lock is free). So it waits for the slowest queue's current
+    /// batch, not for each queue's in turn.
+    fn await_applied(&mut self) {
+        let mut left = self.tables.len();
+        while left > 0 {
+            left = 0;
+            for (t, &seq) in self.tables.iter().zip(&self.waits) {
+                if t.applied() < seq && !t.try_apply() {
+                    left += 1;
+                }
+            }
+            if left > 0 {
+                // Batches are bounded (64 KiB of work and one request,
+                // tens of microseconds to a millisecond of CPU).
+                std::thread::sleep(AWAIT_APPLIED_POLL);
+            }
+        }
+    }
 }
+
+/// How often [`SessionRegistry::await_applied`] looks at the tables that
+/// a queue's batch still has locked.
+const AWAIT_APPLIED_POLL: Duration = Duration::from_micros(20);
 
 /// Checks the chaining part of a CREATE and builds its MAC key (the raw
 /// auth key bytes stay in the message's zeroizing buffer).
@@ -387,6 +429,55 @@ struct TableShared {
     sessions: Mutex<Sessions>,
     /// Sessions closed in this table so far.
     closes: AtomicU64,
+    /// What the registry posted and nobody has applied to `sessions` yet,
+    /// oldest first.
+    posts: Mutex<Vec<Update>>,
+    /// Posts so far (changed with `posts` locked).
+    posted: AtomicU64,
+    /// Posts applied to `sessions` so far (changed with both locked).
+    applied: AtomicU64,
+}
+
+/// A change to one queue's table, posted by the registry and applied by
+/// whoever locks the table next.
+#[derive(Debug)]
+enum Update {
+    Insert(u64, SessionBox),
+    Remove(u64),
+}
+
+impl TableShared {
+    /// Applies what was posted (`sessions` being this table's, locked).
+    /// One atomic load when nothing was.
+    #[inline]
+    fn apply(&self, sessions: &mut Sessions) {
+        if self.posted.load(Ordering::Acquire) != self.applied.load(Ordering::Relaxed) {
+            self.apply_posted(sessions);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn apply_posted(&self, sessions: &mut Sessions) {
+        let mut posts = self.posts.lock().unwrap_or_else(|e| e.into_inner());
+        let n = posts.len() as u64;
+        let mut closed = 0;
+        for u in posts.drain(..) {
+            match u {
+                Update::Insert(id, b) => drop(sessions.map.insert(id, b)),
+                Update::Remove(id) => {
+                    drop(sessions.map.remove(&id));
+                    closed += 1;
+                }
+            }
+        }
+        self.applied.fetch_add(n, Ordering::Release);
+        if closed > 0 {
+            // Tells the queue's worker to wipe its stack: the batches that
+            // used the session have ended (this table was locked).
+            self.closes.fetch_add(closed, Ordering::Release);
+        }
+    }
 }
 
 impl SessionTable {
@@ -401,15 +492,45 @@ impl SessionTable {
                     ),
                 }),
                 closes: AtomicU64::new(0),
+                posts: Mutex::new(Vec::new()),
+                posted: AtomicU64::new(0),
+                applied: AtomicU64::new(0),
             }),
         }
     }
 
-    /// Locks the table. A poisoned lock (a panic elsewhere while it was
-    /// held) still holds a consistent map: every update is one insert or
-    /// remove.
+    /// Locks the table, having applied what the registry posted to it. A
+    /// poisoned lock (a panic elsewhere while it was held) still holds a
+    /// consistent map: every update is one insert or remove.
     pub fn lock(&self) -> MutexGuard<'_, Sessions> {
-        self.shared.sessions.lock().unwrap_or_else(|e| e.into_inner())
+        let mut s = self.shared.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.apply(&mut s);
+        s
+    }
+
+    /// Applies what was posted if the table's lock is free; false if a
+    /// batch holds it.
+    fn try_apply(&self) -> bool {
+        let mut s = match self.shared.sessions.try_lock() {
+            Ok(s) => s,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        self.shared.apply(&mut s);
+        true
+    }
+
+    /// Posts `u`; returns the number of posts so far, which
+    /// [`SessionTable::applied`] reaches once it has been applied.
+    fn post(&self, u: Update) -> u64 {
+        let mut posts = self.shared.posts.lock().unwrap_or_else(|e| e.into_inner());
+        posts.push(u);
+        self.shared.posted.fetch_add(1, Ordering::Release) + 1
+    }
+
+    /// Posts applied so far.
+    fn applied(&self) -> u64 {
+        self.shared.applied.load(Ordering::Acquire)
     }
 
     /// How many sessions were closed in this table so far (one atomic
@@ -568,6 +689,78 @@ mod tests {
         assert_eq!(reg.create(&i), 4);
         assert!(tables[0].lock().get(4).unwrap().mac.is_none());
         assert_eq!(reg.len(), 4);
+    }
+
+    /// A queue in a batch holds its table's lock: a CREATE does not wait
+    /// for it, and the session is there for the queue's next batch.
+    #[test]
+    fn a_create_does_not_wait_for_a_batch() {
+        use std::sync::atomic::AtomicBool;
+        let (mut reg, tables) = session_set(8, 2);
+        let done = Arc::new(AtomicBool::new(false));
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        // The batch ends when the CREATE has returned, or after 10 s if
+        // the CREATE waits for it.
+        let batch = {
+            let (t, done) = (tables[1].clone(), done.clone());
+            std::thread::spawn(move || {
+                let s = t.lock();
+                locked_tx.send(()).unwrap();
+                let until = std::time::Instant::now() + Duration::from_secs(10);
+                while !done.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let seen = s.get(1).is_some();
+                let ended = std::time::Instant::now();
+                drop(s);
+                (seen, ended)
+            })
+        };
+        locked_rx.recv().unwrap();
+        assert_eq!(reg.create(&info(16, 1)), 1);
+        let created = std::time::Instant::now();
+        done.store(true, Ordering::Relaxed);
+        let (seen, ended) = batch.join().unwrap();
+        assert!(created < ended, "the CREATE waited for the batch to end");
+        assert!(!seen, "applied while the batch ran");
+        assert_eq!(tables[0].lock().get(1).unwrap().key.key_bits(), 128);
+        assert_eq!(tables[1].lock().get(1).unwrap().key.key_bits(), 128);
+    }
+
+    /// A CLOSE returns once the busy queues' batches have ended, and not
+    /// before: then the session is out of every table and each queue's
+    /// worker is told to wipe its stack.
+    #[test]
+    fn a_close_waits_for_the_batches_that_could_use_the_session() {
+        let (mut reg, tables) = session_set(8, 3);
+        assert_eq!(reg.create(&info(16, 1)), 1);
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let batches: Vec<_> = [1usize, 2]
+            .into_iter()
+            .map(|q| {
+                let (t, tx) = (tables[q].clone(), locked_tx.clone());
+                std::thread::spawn(move || {
+                    let s = t.lock();
+                    assert!(s.get(1).is_some());
+                    tx.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(100 * q as u64));
+                    let ends = std::time::Instant::now();
+                    drop(s);
+                    ends
+                })
+            })
+            .collect();
+        locked_rx.recv().unwrap();
+        locked_rx.recv().unwrap();
+        assert!(reg.close(1));
+        let closed = std::time::Instant::now();
+        for b in batches {
+            assert!(b.join().unwrap() <= closed, "CLOSE returned while a batch ran");
+        }
+        for t in &tables {
+            assert_eq!(t.closes(), 1);
+            assert!(t.lock().get(1).is_none());
+        }
     }
 
     #[test]
