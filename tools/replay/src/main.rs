@@ -12,7 +12,7 @@ use vhost_crypto_replay::frontend::{
     queue_size_ok, CryptoFrontend, DescMode, FrontendConfig, MAX_QUEUE_SIZE,
 };
 use vhost_crypto_replay::gen::{generate, GenOpcode, GenOptions};
-use vhost_crypto_replay::replay::{compare_outcomes, replay, ReplayOptions};
+use vhost_crypto_replay::replay::{compare_outcomes, replay, Comparison, ReplayOptions, Report};
 use vhost_crypto_replay::soak::{soak, Layouts, SoakOptions};
 use vhost_crypto_replay::spawn::SpawnedDaemon;
 use vhost_crypto_replay::trace::{Step, Trace};
@@ -402,11 +402,7 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
         Err(e) => {
             let e = format!("--dpdk-diff: {e}");
             if a.json {
-                let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
-                v["dpdk"] = serde_json::Value::Null;
-                v["comparison"] = serde_json::Value::Null;
-                v["dpdk_error"] = e.clone().into();
-                println!("{v}");
+                println!("{}", diff_json(&report, None, Some(&e))?);
             } else {
                 print!("{}", report.summary());
                 println!("--- DPDK ({}): not compared: {e}", other.display());
@@ -416,10 +412,7 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
     };
     let cmp = compare_outcomes(&report.outcomes, &dpdk.outcomes, 10);
     if a.json {
-        let mut v = serde_json::to_value(&report).map_err(|e| e.to_string())?;
-        v["dpdk"] = serde_json::to_value(&dpdk).map_err(|e| e.to_string())?;
-        v["comparison"] = serde_json::to_value(&cmp).map_err(|e| e.to_string())?;
-        println!("{v}");
+        println!("{}", diff_json(&report, Some((&dpdk, &cmp)), None)?);
     } else {
         print!("{}", report.summary());
         println!("--- DPDK ({}), checked against the trace:", other.display());
@@ -446,6 +439,28 @@ fn run_replay(a: RunArgs) -> Result<ExitCode, String> {
             ExitCode::from(1)
         },
     )
+}
+
+/// `--dpdk-diff --json`'s object: our run's report with `dpdk` (DPDK's
+/// report) and `comparison` added, both null when DPDK could not be
+/// reached or driven, and then `dpdk_error`.
+fn diff_json(
+    ours: &Report,
+    dpdk: Option<(&Report, &Comparison)>,
+    error: Option<&str>,
+) -> Result<serde_json::Value, String> {
+    let json = |v: Result<serde_json::Value, serde_json::Error>| v.map_err(|e| e.to_string());
+    let mut v = json(serde_json::to_value(ours))?;
+    let (d, c) = match dpdk {
+        Some((d, c)) => (json(serde_json::to_value(d))?, json(serde_json::to_value(c))?),
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
+    v["dpdk"] = d;
+    v["comparison"] = c;
+    if let Some(e) = error {
+        v["dpdk_error"] = e.into();
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

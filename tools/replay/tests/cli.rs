@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The replay tool's command line where `--dpdk-diff` cannot go on: a
-//! trace DPDK cannot be driven with is refused before anything runs, and a
-//! DPDK side that cannot be reached keeps our run's summary (and JSON).
+//! The replay tool's `--dpdk-diff` command line: a trace DPDK cannot be
+//! driven with is refused before anything runs, a DPDK side that cannot be
+//! reached keeps our run's summary (and JSON), and one that can is
+//! compared request by request.
 
 #[path = "../../../tests/common/skip.rs"]
 mod skip;
@@ -71,6 +72,50 @@ fn an_unreachable_dpdk_diff_socket_keeps_our_runs_result() {
     assert_eq!(v["mismatches"], 0, "{v}");
     assert!(v["dpdk"].is_null() && v["comparison"].is_null(), "{v}");
     assert!(v["dpdk_error"].as_str().is_some_and(|e| e.contains(&sock)), "{v}");
+}
+
+/// The comparison itself, with a second daemon of ours standing in for
+/// DPDK (it takes layout A and the DPDK driving mode): exit 0, every
+/// request compared, none different; in JSON the other side's report and
+/// the comparison next to ours, and no `dpdk_error`.
+#[test]
+fn a_reachable_dpdk_diff_side_is_compared() {
+    let Some(d) = daemon() else {
+        skip::skipped(
+            "vhost-user-crypto is not built next to the tool (test the workspace: cargo test --workspace)",
+        );
+        return;
+    };
+    let other = vhost_crypto_replay::spawn::SpawnedDaemon::start(Some(&d), 1).unwrap();
+    let d = d.to_string_lossy().into_owned();
+    let t = trace("nist-sp800-38a.jsonl");
+    let t = t.to_str().unwrap();
+    let sock = other.socket().to_str().unwrap();
+    let base = ["--spawn-daemon", "--daemon-bin", &d, "--dpdk-diff", sock];
+
+    let (code, out, err) = run(&[&base[..], &[t]].concat());
+    assert_eq!(code, Some(0), "stdout {out}\nstderr {err}");
+    assert!(
+        out.contains(&format!("--- DPDK ({sock}), checked against the trace:\n"))
+            && out.contains("--- compared 18 requests (status, dst, hash result): 0 differences; used lengths differ on 0\n"),
+        "{out}"
+    );
+
+    let (code, out, err) = run(&[&base[..], &["--json", t]].concat());
+    assert_eq!(code, Some(0), "stdout {out}\nstderr {err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
+    assert_eq!((&v["requests"], &v["mismatches"]), (&18.into(), &0.into()), "{v}");
+    assert_eq!(
+        (&v["dpdk"]["requests"], &v["dpdk"]["mismatches"]),
+        (&18.into(), &0.into()),
+        "{v}"
+    );
+    assert_eq!(
+        (&v["comparison"]["compared"], &v["comparison"]["differences"]),
+        (&18.into(), &0.into()),
+        "{v}"
+    );
+    assert!(v.get("dpdk_error").is_none(), "{v}");
 }
 
 #[test]
