@@ -18,6 +18,8 @@
 //! another took seconds). What waits to be applied is bounded: a CREATE
 //! adds one entry per table, and only up to `max_sessions` live sessions;
 //! a CLOSE returns only once every table has applied everything before it.
+//! A CREATE for which a table has to grow applies it there itself, waiting
+//! for that queue's batch: workers never allocate for their tables.
 //!
 //! Ids start at 1 and are never reused: not on a connection, and in the
 //! daemon not across connections either ([`SessionIds`]). Key schedules are
@@ -33,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -212,9 +214,17 @@ impl SessionRegistry {
             // Applied here if the queue is between batches, else by its
             // worker when it locks the table for its next batch, before
             // that batch looks anything up: a request naming the id can
-            // only come after the reply.
+            // only come after the reply. When the table has to grow for
+            // it (past MAX_PRERESERVED sessions), here in any case, waiting
+            // for the batch: a queue's worker never allocates for a table.
+            // (Every live session is in the table or posted to it: a CLOSE
+            // waits until its removal is applied.)
             t.post(Update::Insert(id, SessionBox::new(session.clone())));
-            t.try_apply();
+            if self.live.len() > t.capacity() {
+                drop(t.lock());
+            } else {
+                t.try_apply();
+            }
         }
         debug!(
             "session {id} created ({direction:?}, {} bits, mac {:?})",
@@ -436,6 +446,8 @@ struct TableShared {
     posted: AtomicU64,
     /// Posts applied to `sessions` so far (changed with both locked).
     applied: AtomicU64,
+    /// Sessions `sessions` holds without growing (changed with it locked).
+    capacity: AtomicUsize,
 }
 
 /// A change to one queue's table, posted by the registry and applied by
@@ -471,26 +483,25 @@ impl TableShared {
                 }
             }
         }
-        self.applied.fetch_add(n, Ordering::Release);
         if closed > 0 {
             // Tells the queue's worker to wipe its stack: the batches that
-            // used the session have ended (this table was locked).
+            // used the session have ended (this table was locked). Before
+            // `applied`, which a CLOSE waits for.
             self.closes.fetch_add(closed, Ordering::Release);
         }
+        self.applied.fetch_add(n, Ordering::Release);
+        self.capacity.store(sessions.map.capacity(), Ordering::Relaxed);
     }
 }
 
 impl SessionTable {
     /// An empty table with room for `max_sessions` (up to a bound).
     pub fn new(max_sessions: usize) -> Self {
+        let map = IdMap::with_capacity_and_hasher(max_sessions.min(MAX_PRERESERVED), Default::default());
         SessionTable {
             shared: Arc::new(TableShared {
-                sessions: Mutex::new(Sessions {
-                    map: IdMap::with_capacity_and_hasher(
-                        max_sessions.min(MAX_PRERESERVED),
-                        Default::default(),
-                    ),
-                }),
+                capacity: AtomicUsize::new(map.capacity()),
+                sessions: Mutex::new(Sessions { map }),
                 closes: AtomicU64::new(0),
                 posts: Mutex::new(Vec::new()),
                 posted: AtomicU64::new(0),
@@ -531,6 +542,11 @@ impl SessionTable {
     /// Posts applied so far.
     fn applied(&self) -> u64 {
         self.shared.applied.load(Ordering::Acquire)
+    }
+
+    /// Sessions the table holds without growing.
+    fn capacity(&self) -> usize {
+        self.shared.capacity.load(Ordering::Relaxed)
     }
 
     /// How many sessions were closed in this table so far (one atomic
@@ -761,6 +777,44 @@ mod tests {
             assert_eq!(t.closes(), 1);
             assert!(t.lock().get(1).is_none());
         }
+    }
+
+    /// A table that must grow for a CREATE (past the room reserved up
+    /// front) is grown by the registry, which then waits for the queue's
+    /// batch: a worker never allocates for its table.
+    #[test]
+    fn a_table_that_must_grow_is_grown_by_the_registry() {
+        let (mut reg, tables) = session_set(20_000, 2);
+        let room = tables[1].capacity();
+        assert!(room >= MAX_PRERESERVED, "{room} reserved");
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        // The batch ends 100 ms after the last CREATE starts.
+        let batch = {
+            let t = tables[1].clone();
+            std::thread::spawn(move || {
+                let s = t.lock();
+                locked_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                let ends = std::time::Instant::now();
+                drop(s);
+                ends
+            })
+        };
+        locked_rx.recv().unwrap();
+        for i in 1..=room {
+            assert_eq!(reg.create(&info(16, 1)), i as i64);
+        }
+        // All posted to the busy table, none applied yet.
+        assert_eq!(tables[1].applied(), 0);
+        go_tx.send(()).unwrap();
+        assert_eq!(reg.create(&info(16, 1)), room as i64 + 1);
+        let grown = std::time::Instant::now();
+        assert!(batch.join().unwrap() <= grown, "grown while the batch ran");
+        assert_eq!(tables[1].applied(), room as u64 + 1, "applied by the registry");
+        assert!(tables[1].capacity() > room);
+        assert_eq!(tables[1].lock().len(), room + 1);
     }
 
     #[test]
