@@ -9,7 +9,7 @@
 //! once, and posts the session to every queue's table before the reply
 //! goes out. A queue worker locks its table once per batch (not per
 //! request), and whoever locks a table first applies what was posted to it
-//! (one atomic load otherwise), so a session is in the table before any
+//! (two atomic loads otherwise), so a session is in the table before any
 //! batch can look its id up. The registry applies the posts itself to every
 //! table whose lock is free and leaves the others to their workers, whose
 //! current batch is then running: a CREATE waits for no batch, and a CLOSE
@@ -453,7 +453,7 @@ enum Update {
 
 impl TableShared {
     /// Applies what was posted (`sessions` being this table's, locked).
-    /// One atomic load when nothing was.
+    /// Two atomic loads when nothing was.
     #[inline]
     fn apply(&self, sessions: &mut Sessions) {
         if self.posted.load(Ordering::Acquire) != self.applied.load(Ordering::Relaxed) {
