@@ -68,9 +68,10 @@ const LOCK_GAP: Duration = Duration::from_micros(50);
 /// The locks are let go after every batch, but std's locks are not fair:
 /// a control message that waits for them (GET_VRING_BASE,
 /// SET_VRING_ENABLE) would lose every race to the worker taking them
-/// again at once, for as long as the guest keeps the ring busy. The gap spins on the
-/// CPU: a waiter on another CPU, woken when the locks were let go, takes
-/// them meanwhile, and one on this CPU preempts the worker when woken.
+/// again at once, for as long as the guest keeps the ring busy. The gap
+/// spins on the CPU: a waiter on another CPU, woken when the locks were
+/// let go, takes them meanwhile, and one on this CPU preempts the worker
+/// when woken.
 /// (Not a sleep: a vCPU that halts takes far longer to come back than the
 /// gap, which cost a busy worker about 5 % in alternated runs.)
 fn lock_gap_if_due(now: Instant, since: &mut Instant) {

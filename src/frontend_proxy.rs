@@ -1479,13 +1479,7 @@ fn fdinfo_field(file: &File, key: &str) -> Option<String> {
 /// Creating the eventfd failed, or the check refused it (the error says
 /// why, e.g. `/proc/self/fd` missing).
 pub fn probe_eventfd_check() -> io::Result<()> {
-    // SAFETY: eventfd(2) with a count and flags; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    let file = unsafe { File::from_raw_fd(fd) };
+    let file = own_eventfd()?;
     check_ring_eventfd(VHOST_USER_SET_VRING_KICK, &file).map_err(|e| {
         io::Error::new(
             e.kind(),

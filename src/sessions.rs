@@ -122,8 +122,6 @@ pub struct SessionRegistry {
     max_sessions: usize,
     tables: Vec<SessionTable>,
     refused_full: u64,
-    /// Per table, the posts a CLOSE waits for (kept to reuse its room).
-    waits: Vec<u64>,
 }
 
 impl SessionRegistry {
@@ -134,7 +132,6 @@ impl SessionRegistry {
             ids,
             live: HashSet::with_capacity(max_sessions.min(MAX_PRERESERVED)),
             max_sessions,
-            waits: Vec::with_capacity(tables.len()),
             tables,
             refused_full: 0,
         }
@@ -239,26 +236,23 @@ impl SessionRegistry {
         // included (the table itself only ever held the pointer), wherever
         // the removal is applied; then the queue's worker wipes its stack
         // (`TableShared::apply_posted`).
-        self.waits.clear();
-        for t in &self.tables {
-            self.waits.push(t.post(Update::Remove(id)));
-        }
-        self.await_applied();
+        let waits: Vec<u64> = self.tables.iter().map(|t| t.post(Update::Remove(id))).collect();
+        self.await_applied(&waits);
         debug!("session {id} closed");
         true
     }
 
     /// Returns once every table has applied the posts up to its entry in
-    /// `waits`: it applies them itself to each table whose lock is free,
+    /// `waits` (one per table): it applies them itself to each table whose lock is free,
     /// and each busy queue's worker applies them when it locks its table
     /// for its next batch (or, if the ring has gone quiet, this does once
     /// the lock is free). So it waits for the slowest queue's current
     /// batch, not for each queue's in turn.
-    fn await_applied(&mut self) {
+    fn await_applied(&self, waits: &[u64]) {
         let mut left = self.tables.len();
         while left > 0 {
             left = 0;
-            for (t, &seq) in self.tables.iter().zip(&self.waits) {
+            for (t, &seq) in self.tables.iter().zip(waits) {
                 if t.applied() < seq && !t.try_apply() {
                     left += 1;
                 }
