@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use openssl::symm::{Cipher, Crypter, Mode};
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig, Used};
 use vhost_user_crypto::frontend_proxy::EVENTFD_COPIES_PER_RING;
+use vhost_user_crypto::request::Desc;
 use vhost_user_crypto::session_msg::{close_request, create_request, SessionAbi, SymSessionInfo};
 use vhost_user_crypto::wire::OpDataReq;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -1960,33 +1961,36 @@ fn submit_raw_nist(mem: &File, kick: &EventFd, sid: u64, n: u16) {
 /// after it): [`RAW_DESC`] and [`RAW_HDR`] are the usual ones.
 fn submit_nist_at(mem: &File, kick: &EventFd, ring_at: u64, buf_at: u64, sid: u64, n: u16) {
     use std::os::unix::fs::FileExt;
-    let (hdr_at, iv_at, src_at, dst_at, status_at) = (
-        buf_at,
-        buf_at + 0x1000,
-        buf_at + 0x2000,
-        buf_at + 0x3000,
-        buf_at + 0x4000,
-    );
     let (desc, avail) = (ring_at, ring_at + 0x1000);
-    let h = common::hdr(ENCRYPT, sid, 64, 64);
-    mem.write_all_at(&h.to_bytes(), hdr_at).unwrap();
-    mem.write_all_at(&hex(NIST_IV), iv_at).unwrap();
-    mem.write_all_at(&hex(NIST_PT), src_at).unwrap();
-    mem.write_all_at(&[0xEE; 64], dst_at).unwrap();
-    mem.write_all_at(&[0xFF], status_at).unwrap();
-    let chain = [
-        (hdr_at, 72u32, 0u16),
-        (iv_at, 16, 0),
-        (src_at, 64, 0),
-        (dst_at, 64, VRING_DESC_F_WRITE),
-        (status_at, 1, VRING_DESC_F_WRITE),
-    ];
+    let chain = put_nist_buffers(mem, sid, buf_at, 0x1000);
     write_chain(mem, desc, &chain);
     // avail.ring[n - 1] = head 0, then avail.idx = n.
     mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * u64::from(n - 1))
         .unwrap();
     mem.write_all_at(&n.to_le_bytes(), avail + 2).unwrap();
     kick.write(1).unwrap();
+}
+
+/// Writes the buffers of a NIST F.2.1 encryption in session `sid` into
+/// `mem`: header at `at`, then IV, src, dst and status each `step` bytes
+/// further (dst and status filled with canaries), and returns the chain
+/// that names them (header, IV, src, dst, status) for [`write_chain`].
+fn put_nist_buffers(mem: &File, sid: u64, at: u64, step: u64) -> [(u64, u32, u16); 5] {
+    use std::os::unix::fs::FileExt;
+    let [hdr_at, iv_at, src_at, dst_at, status_at] = [0, 1, 2, 3, 4].map(|k| at + k * step);
+    mem.write_all_at(&common::hdr(ENCRYPT, sid, 64, 64).to_bytes(), hdr_at)
+        .unwrap();
+    mem.write_all_at(&hex(NIST_IV), iv_at).unwrap();
+    mem.write_all_at(&hex(NIST_PT), src_at).unwrap();
+    mem.write_all_at(&[0xEE; 64], dst_at).unwrap();
+    mem.write_all_at(&[0xFF], status_at).unwrap();
+    [
+        (hdr_at, 72, 0),
+        (iv_at, 16, 0),
+        (src_at, 64, 0),
+        (dst_at, 64, VRING_DESC_F_WRITE),
+        (status_at, 1, VRING_DESC_F_WRITE),
+    ]
 }
 
 /// Creates the NIST F.2.1 encrypt session (AES-128, layout C) on a raw
@@ -2890,11 +2894,13 @@ fn write_chain(mem: &File, desc: u64, chain: &[(u64, u32, u16)]) {
     use std::os::unix::fs::FileExt;
     for (k, &(addr, len, flags)) in chain.iter().enumerate() {
         let last = k + 1 == chain.len();
-        let mut d = addr.to_le_bytes().to_vec();
-        d.extend_from_slice(&len.to_le_bytes());
-        d.extend_from_slice(&(flags | if last { 0 } else { VRING_DESC_F_NEXT }).to_le_bytes());
-        d.extend_from_slice(&(if last { 0u16 } else { k as u16 + 1 }).to_le_bytes());
-        mem.write_all_at(&d, desc + 16 * k as u64).unwrap();
+        let d = Desc {
+            addr,
+            len,
+            flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
+            next: if last { 0 } else { k as u16 + 1 },
+        };
+        mem.write_all_at(&d.to_bytes(), desc + 16 * k as u64).unwrap();
     }
 }
 
@@ -3186,37 +3192,17 @@ fn sessions_come_and_go_quickly_while_more_queues_than_cpus_are_busy() {
     let mut ends = Vec::new();
     for q in 0..QUEUES {
         let (ring, page) = (RAW_DESC + u64::from(q) * 0x3000, 0x20000 + u64::from(q) * 0x1000);
-        let (hdr, iv, src, dst, status, table) = (
-            page,
-            page + 0x100,
-            page + 0x200,
-            page + 0x300,
-            page + 0x400,
-            page + 0x800,
-        );
-        r.mem
-            .write_all_at(&common::hdr(ENCRYPT, sid, 64, 64).to_bytes(), hdr)
-            .unwrap();
-        r.mem.write_all_at(&hex(NIST_IV), iv).unwrap();
-        r.mem.write_all_at(&hex(NIST_PT), src).unwrap();
-        r.mem.write_all_at(&[0xEE; 64], dst).unwrap();
-        r.mem.write_all_at(&[0xFF], status).unwrap();
-        write_chain(
-            &r.mem,
-            table,
-            &[
-                (hdr, 72, 0),
-                (iv, 16, 0),
-                (src, 64, 0),
-                (dst, 64, VRING_DESC_F_WRITE),
-                (status, 1, VRING_DESC_F_WRITE),
-            ],
-        );
-        let mut d = table.to_le_bytes().to_vec();
-        d.extend_from_slice(&(5u32 * 16).to_le_bytes());
-        d.extend_from_slice(&VRING_DESC_F_INDIRECT.to_le_bytes());
-        d.extend_from_slice(&0u16.to_le_bytes());
-        r.mem.write_all_at(&d, ring + 16 * 8).unwrap();
+        let table = page + 0x800;
+        let chain = put_nist_buffers(&r.mem, sid, page, 0x100);
+        let (dst, status) = (chain[3].0, chain[4].0);
+        write_chain(&r.mem, table, &chain);
+        let head = Desc {
+            addr: table,
+            len: 5 * 16,
+            flags: VRING_DESC_F_INDIRECT,
+            next: 0,
+        };
+        r.mem.write_all_at(&head.to_bytes(), ring + 16 * 8).unwrap();
         let mut b = [0u8; 2];
         r.mem.read_exact_at(&mut b, ring + 0x1000 + 2).unwrap();
         let n = u16::from_le_bytes(b);
