@@ -143,7 +143,9 @@ pub struct QueueWorker {
     /// Requests completed on this queue.
     pub completed: u64,
     /// The ring whose kicks the last batch turned off (polling), until
-    /// they are turned on again ([`QueueWorker::enable_suppressed_kicks`]).
+    /// they are turned on again ([`QueueWorker::enable_suppressed_kicks`])
+    /// or the worker is given other ring addresses (the old place is then
+    /// not a ring any more, and is not written).
     kicks_off: Option<RingAddrs>,
 }
 
@@ -326,7 +328,11 @@ impl QueueWorker {
 
     /// Turns the driver's notifications back on if the last batch, polling,
     /// turned them off: for a ring being stopped (GET_VRING_BASE), so that
-    /// whoever serves it next gets the driver's kicks.
+    /// whoever serves it next gets the driver's kicks. Only at the ring's
+    /// place as of the worker's last call: a frontend that moves or resizes
+    /// a running ring and stops it before the worker has looked at it again
+    /// (microseconds while it polls) still gets these 4 bytes written at
+    /// the old place, in its own guest memory.
     pub fn enable_suppressed_kicks(&mut self, mem: &GuestMemory_) {
         if let Some(addrs) = self.kicks_off.take() {
             self.enable_notifications(mem, addrs);
@@ -385,6 +391,15 @@ impl QueueWorker {
         next_avail: &mut u16,
         next_used: &mut u16,
     ) -> BatchResult {
+        if self.kicks_off.is_some_and(|k| k != addrs) {
+            // The frontend moved or resized the ring without stopping it
+            // first: the old place is not a ring any more, so the kicks
+            // turned off there are not turned back on there
+            // ([`QueueWorker::enable_suppressed_kicks`] would write into
+            // whatever the guest keeps there now). The new ring's next
+            // batch sets its own notification state.
+            self.kicks_off = None;
+        }
         if self.stopped == Some(addrs) {
             return BatchResult::default();
         }

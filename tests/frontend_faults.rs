@@ -3299,6 +3299,60 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
     r.finish("GET_VRING_BASE under a busy ring");
 }
 
+/// Review (nineteenth session): the frontend moves a running ring
+/// (SET_VRING_ADDR, no GET_VRING_BASE first) while the worker polls it
+/// with the driver's kicks turned off, to a place whose avail index is
+/// far ahead (the new ring is stopped at once, H10), and the guest reuses
+/// the old ring's used page. The worker remembered the old ring as the one
+/// whose kicks it had turned off, and the GET_VRING_BASE that stops the
+/// ring turned them back on there: it wrote used.flags and avail_event
+/// into memory that was no longer a ring (two and two bytes of the old
+/// used page). Now a worker given other ring addresses forgets the old
+/// ring: the GET_VRING_BASE writes nothing there.
+#[test]
+fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
+    use std::os::unix::fs::FileExt;
+    let mut r = BusyRing::start();
+    // The new place: avail at +0x1000 with an index 40,000 ahead of the
+    // ring's, used at +0x2000.
+    const NEW: u64 = 0xC0000;
+    r.mem
+        .write_all_at(&40000u16.to_le_bytes(), NEW + 0x1000 + 2)
+        .unwrap();
+    r.mem.write_all_at(&0u16.to_le_bytes(), NEW + 0x2000 + 2).unwrap();
+    let addr = vring_addr(0, UADDR + NEW, UADDR + NEW + 0x2000, UADDR + NEW + 0x1000);
+    r.conn()
+        .send(SET_VRING_ADDR, V1 | NEED_REPLY, &addr, &[])
+        .unwrap();
+    assert_eq!(r.conn().reply_u64(SET_VRING_ADDR), 0, "SET_VRING_ADDR");
+    r.stop_guest();
+    std::thread::sleep(Duration::from_millis(200));
+    // The guest uses the old used page for something else.
+    r.mem.write_all_at(&[0x5A; 0x1000], RAW_USED).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    r.conn()
+        .send(GET_VRING_BASE, V1, &vring_state(0, 0), &[])
+        .unwrap();
+    let got = r.conn().recv();
+    assert!(
+        matches!(got, Got::Msg(GET_VRING_BASE, _, _)),
+        "GET_VRING_BASE not answered: {got:?}"
+    );
+    let mut page = vec![0u8; 0x1000];
+    r.mem.read_exact_at(&mut page, RAW_USED).unwrap();
+    let written: Vec<(u64, u8)> = page
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b != 0x5A)
+        .map(|(i, &b)| (RAW_USED + i as u64, b))
+        .collect();
+    assert!(
+        written.is_empty(),
+        "stopping the moved ring wrote into its old used page: {written:x?}"
+    );
+    r.finish("a ring moved while polled, then stopped");
+}
+
 /// SET_VRING_ENABLE(0, 0) while the guest keeps ring 0 busy: acked, and
 /// from then on the ring is not served, with the driver's kicks turned
 /// back on in guest memory (the worker had them off while polling); once
