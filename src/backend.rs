@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -90,6 +90,10 @@ pub struct CryptoBackend {
     queues: usize,
     mem: RwLock<Option<GuestMemoryAtomic<GuestMemory_>>>,
     workers: Vec<Mutex<QueueWorker>>,
+    /// Per queue: the library's ring, kept from the first event its worker
+    /// thread handles (the library makes one per queue per connection, as
+    /// this backend is), so that `stop_vring` sees where the ring is now.
+    rings: Vec<OnceLock<VringRwLock>>,
     exit: Vec<(EventConsumer, EventNotifier)>,
     /// Per queue: an eventfd in its worker thread's epoll
     /// ([`CryptoBackend::wake_listener`]) that makes the worker look at
@@ -144,6 +148,7 @@ impl CryptoBackend {
             queues,
             mem: RwLock::new(None),
             workers,
+            rings: (0..queues).map(|_| OnceLock::new()).collect(),
             exit,
             wake,
             kick: (0..queues).map(|_| ArcSwapOption::empty()).collect(),
@@ -305,12 +310,7 @@ impl CryptoBackend {
                 // if this worker had them off.
                 return Ok(());
             }
-            let addrs = RingAddrs {
-                size: q.size(),
-                desc: q.desc_table(),
-                avail: q.avail_ring(),
-                used: q.used_ring(),
-            };
+            let addrs = ring_addrs(q);
             if !enabled {
                 // Disabled by the frontend (SET_VRING_ENABLE 0): nothing
                 // more is processed; kicks are turned back on in case this
@@ -448,9 +448,14 @@ impl VhostUserBackend for CryptoBackend {
             // in guest memory: turned back on before the reply, so that
             // whoever serves the ring next (after a stop and start) hears
             // from the driver. (The queue is not ready any more, so the
-            // worker writes nothing after this.)
-            if let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) {
-                w.enable_suppressed_kicks(&atomic.memory());
+            // worker writes nothing after this.) Where the ring is now: the
+            // frontend may have moved or resized it since, without stopping
+            // it first. (Worker, then ring: the order the worker takes them
+            // in; the library holds neither while it calls this.)
+            let current = self.rings.get(queue_index as usize).and_then(OnceLock::get);
+            if let (Some(atomic), Some(ring)) = (self.mem.read().ok().and_then(|m| m.clone()), current) {
+                let addrs = ring_addrs(ring.get_ref().get_queue());
+                w.enable_suppressed_kicks(&atomic.memory(), addrs);
             }
         }
         Ok(())
@@ -541,6 +546,9 @@ impl VhostUserBackend for CryptoBackend {
         };
         match vrings.get(ring) {
             Some(vring) if thread_id < self.queues => {
+                if let Some(kept) = self.rings.get(thread_id) {
+                    let _ = kept.get_or_init(|| vring.clone());
+                }
                 let r = self.process_vring(thread_id, vring);
                 // Back to waiting for kicks, maybe for long: no copy of a
                 // key stays on this thread's stack meanwhile, whatever
@@ -554,6 +562,16 @@ impl VhostUserBackend for CryptoBackend {
                 Ok(())
             }
         }
+    }
+}
+
+/// Where the frontend has set up `q` (guest-physical addresses).
+fn ring_addrs(q: &virtio_queue::Queue) -> RingAddrs {
+    RingAddrs {
+        size: q.size(),
+        desc: q.desc_table(),
+        avail: q.avail_ring(),
+        used: q.used_ring(),
     }
 }
 

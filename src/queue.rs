@@ -142,11 +142,10 @@ pub struct QueueWorker {
     closes_seen: u64,
     /// Requests completed on this queue.
     pub completed: u64,
-    /// The ring whose kicks the last batch turned off (polling), until
-    /// they are turned on again ([`QueueWorker::enable_suppressed_kicks`])
-    /// or the worker is given other ring addresses (the old place is then
-    /// not a ring any more, and is not written).
-    kicks_off: Option<RingAddrs>,
+    /// Whether the last batch turned the driver's kicks off (polling),
+    /// until they are turned on again
+    /// ([`QueueWorker::enable_suppressed_kicks`]).
+    kicks_off: bool,
 }
 
 struct Ring {
@@ -300,7 +299,7 @@ impl QueueWorker {
             unmapped: None,
             closes_seen: 0,
             completed: 0,
-            kicks_off: None,
+            kicks_off: false,
         }
     }
 
@@ -323,19 +322,19 @@ impl QueueWorker {
             ring.enable_kicks(ring.avail_idx());
         }
         self.polling = false;
-        self.kicks_off = None;
+        self.kicks_off = false;
     }
 
     /// Turns the driver's notifications back on if the last batch, polling,
     /// turned them off: for a ring being stopped (GET_VRING_BASE), so that
-    /// whoever serves it next gets the driver's kicks. Only at the ring's
-    /// place as of the worker's last call: a frontend that moves or resizes
-    /// a running ring and stops it before the worker has looked at it again
-    /// (microseconds while it polls) still gets these 4 bytes written at
-    /// the old place, in its own guest memory.
-    pub fn enable_suppressed_kicks(&mut self, mem: &GuestMemory_) {
-        if let Some(addrs) = self.kicks_off.take() {
-            self.enable_notifications(mem, addrs);
+    /// whoever serves it next gets the driver's kicks. `current` is the
+    /// ring as the frontend has it set up now, which is where they are
+    /// turned on: a frontend may have moved or resized the ring since that
+    /// batch without stopping it first, and the old place is then not a
+    /// ring any more.
+    pub fn enable_suppressed_kicks(&mut self, mem: &GuestMemory_, current: RingAddrs) {
+        if std::mem::take(&mut self.kicks_off) {
+            self.enable_notifications(mem, current);
         }
     }
 
@@ -391,15 +390,6 @@ impl QueueWorker {
         next_avail: &mut u16,
         next_used: &mut u16,
     ) -> BatchResult {
-        if self.kicks_off.is_some_and(|k| k != addrs) {
-            // The frontend moved or resized the ring without stopping it
-            // first: the old place is not a ring any more, so the kicks
-            // turned off there are not turned back on there
-            // ([`QueueWorker::enable_suppressed_kicks`] would write into
-            // whatever the guest keeps there now). The new ring's next
-            // batch sets its own notification state.
-            self.kicks_off = None;
-        }
         if self.stopped == Some(addrs) {
             return BatchResult::default();
         }
@@ -449,7 +439,7 @@ impl QueueWorker {
                 return Ok(result);
             }
             ring.enable_kicks(avail);
-            self.kicks_off = None;
+            self.kicks_off = false;
             avail = ring.avail_idx();
             if avail == *next_avail {
                 return Ok(result);
@@ -536,11 +526,11 @@ impl QueueWorker {
             // driver: event index far ahead, and the flag).
             ring.set_used_flags(VRING_USED_F_NO_NOTIFY);
             ring.set_avail_event(avail.wrapping_add(0x8000));
-            self.kicks_off = Some(addrs);
+            self.kicks_off = true;
         } else {
             ring.set_used_flags(0);
             ring.set_avail_event(avail);
-            self.kicks_off = None;
+            self.kicks_off = false;
         }
         // The avail_event store must be visible before the avail index
         // is read again (by the caller's next call, which it makes

@@ -3307,8 +3307,8 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
 /// whose kicks it had turned off, and the GET_VRING_BASE that stops the
 /// ring turned them back on there: it wrote used.flags and avail_event
 /// into memory that was no longer a ring (two and two bytes of the old
-/// used page). Now a worker given other ring addresses forgets the old
-/// ring: the GET_VRING_BASE writes nothing there.
+/// used page). Now the stop turns them back on where the ring is at that
+/// moment: the GET_VRING_BASE writes nothing at the old place.
 #[test]
 fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     use std::os::unix::fs::FileExt;
@@ -3325,8 +3325,24 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
         .send(SET_VRING_ADDR, V1 | NEED_REPLY, &addr, &[])
         .unwrap();
     assert_eq!(r.conn().reply_u64(SET_VRING_ADDR), 0, "SET_VRING_ADDR");
+    // The worker was polling the busy ring with the driver's kicks off
+    // (without them off there would be nothing to turn back on).
+    assert_eq!(
+        ring0_used_u16(&r.mem, 0),
+        1,
+        "VRING_USED_F_NO_NOTIFY in the old used ring"
+    );
     r.stop_guest();
-    std::thread::sleep(Duration::from_millis(200));
+    // The worker has looked at the new place once H10 is logged.
+    let until = Instant::now() + TIMEOUT;
+    while !r.daemon.log_tail(4000).contains("data queue stopped") {
+        assert!(
+            Instant::now() < until,
+            "the new place was not looked at\nlog tail: {}",
+            r.daemon.log_tail(1500)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // The guest uses the old used page for something else.
     r.mem.write_all_at(&[0x5A; 0x1000], RAW_USED).unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -3351,6 +3367,49 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
         "stopping the moved ring wrote into its old used page: {written:x?}"
     );
     r.finish("a ring moved while polled, then stopped");
+
+    // The worker need not look at the new place before the stop at all:
+    // here the old ring is stopped by H10 right after a polling batch (the
+    // guest's avail index jumps), so its worker waits for kicks with the
+    // kicks it turned off still off, and nothing wakes it between the
+    // move and the stop.
+    let mut r = BusyRing::start();
+    r.stop_guest();
+    let jump = r.used_idx().wrapping_add(40000);
+    r.mem.write_all_at(&jump.to_le_bytes(), RAW_AVAIL + 2).unwrap();
+    let until = Instant::now() + TIMEOUT;
+    while !r.daemon.log_tail(4000).contains("data queue stopped") {
+        assert!(
+            Instant::now() < until,
+            "the jump was not seen\nlog tail: {}",
+            r.daemon.log_tail(1500)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        ring0_used_u16(&r.mem, 0),
+        1,
+        "kicks still off in the stopped ring"
+    );
+    r.mem.write_all_at(&[0x5A; 0x1000], RAW_USED).unwrap();
+    r.conn()
+        .send(SET_VRING_ADDR, V1 | NEED_REPLY, &addr, &[])
+        .unwrap();
+    assert_eq!(r.conn().reply_u64(SET_VRING_ADDR), 0, "SET_VRING_ADDR");
+    r.conn()
+        .send(GET_VRING_BASE, V1, &vring_state(0, 0), &[])
+        .unwrap();
+    let got = r.conn().recv();
+    assert!(
+        matches!(got, Got::Msg(GET_VRING_BASE, _, _)),
+        "GET_VRING_BASE not answered: {got:?}"
+    );
+    r.mem.read_exact_at(&mut page, RAW_USED).unwrap();
+    assert!(
+        page.iter().all(|&b| b == 0x5A),
+        "stopping a ring moved while its worker waited wrote into its old used page"
+    );
+    r.finish("a ring moved while its worker waited, then stopped");
 }
 
 /// SET_VRING_ENABLE(0, 0) while the guest keeps ring 0 busy: acked, and

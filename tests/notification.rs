@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use vhost_user_crypto::queue::{vring_need_event, MAX_BATCH};
+use vhost_user_crypto::queue::{vring_need_event, RingAddrs, MAX_BATCH};
 
 /// Pushes `n` baseline encrypt requests (indirect tables, all on the
 /// same buffers) without processing them.
@@ -83,7 +83,7 @@ fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
     assert_eq!(vm.run().completed, 10);
     assert_eq!(vm.u16_at(vm.ring.used), 1, "VRING_USED_F_NO_NOTIFY");
     assert_eq!(vm.avail_event(), 10u16.wrapping_add(0x8000));
-    vm.worker.enable_suppressed_kicks(&vm.mem);
+    vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring);
     assert_eq!(vm.u16_at(vm.ring.used), 0);
     assert_eq!(vm.avail_event(), 10);
 
@@ -94,8 +94,59 @@ fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
     assert_eq!(vm.run().completed, 3);
     assert_eq!((vm.u16_at(vm.ring.used), vm.avail_event()), (0, 13));
     vm.write(vm.ring.used, &7u16.to_le_bytes());
-    vm.worker.enable_suppressed_kicks(&vm.mem);
+    vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring);
     assert_eq!(vm.u16_at(vm.ring.used), 7, "nothing written");
+}
+
+/// The frontend moves the ring after a polling batch turned the driver's
+/// kicks off, without stopping it first, and stops it later (a prober's
+/// finding, nineteenth session): the kicks are turned back on where the
+/// ring is now, and the old place, no longer a ring, is left as the guest
+/// keeps it. A ring resized in place (same used ring) gets them back in
+/// its used ring.
+#[test]
+fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 10);
+    vm.worker.set_polling(true);
+    assert_eq!(vm.run().completed, 10);
+    let old = vm.ring;
+    assert_eq!(vm.u16_at(old.used), 1, "VRING_USED_F_NO_NOTIFY");
+    let moved = RingAddrs {
+        desc: 0x10_0000,
+        avail: 0x18_0000,
+        used: 0x1A_0000,
+        ..old
+    };
+    vm.move_ring(moved);
+    // The guest uses the old used ring's first line for something else.
+    vm.write(old.used, &[0x5A; 64]);
+    vm.worker.enable_suppressed_kicks(&vm.mem, moved);
+    assert_eq!(vm.u16_at(moved.used), 0, "kicks on in the ring as it is now");
+    assert_eq!(vm.avail_event(), 0, "avail_event at the new ring's avail index");
+    assert_eq!(
+        vm.read(old.used, 64),
+        [0x5A; 64],
+        "nothing written at the old place"
+    );
+
+    // Resized in place: the same used ring, half the entries.
+    let mut vm = Vm::new();
+    push_requests(&mut vm, 10);
+    vm.worker.set_polling(true);
+    assert_eq!(vm.run().completed, 10);
+    let half = RingAddrs {
+        size: vm.ring.size / 2,
+        ..vm.ring
+    };
+    vm.ring = half;
+    vm.worker.enable_suppressed_kicks(&vm.mem, half);
+    assert_eq!(vm.u16_at(half.used), 0, "kicks on in the used ring that stayed");
+    assert_eq!(
+        vm.avail_event(),
+        10,
+        "avail_event after the resized ring's entries"
+    );
 }
 
 #[test]
