@@ -90,9 +90,10 @@ pub struct CryptoBackend {
     queues: usize,
     mem: RwLock<Option<GuestMemoryAtomic<GuestMemory_>>>,
     workers: Vec<Mutex<QueueWorker>>,
-    /// Per queue: the library's ring, kept from the first event its worker
-    /// thread handles (the library makes one per queue per connection, as
-    /// this backend is), so that `stop_vring` sees where the ring is now.
+    /// Per queue: the library's ring, kept from the first event that
+    /// reaches the queue's `process_vring` (the library makes one per queue
+    /// per connection, as this backend is), so that `stop_vring` sees where
+    /// the ring is now.
     rings: Vec<OnceLock<VringRwLock>>,
     exit: Vec<(EventConsumer, EventNotifier)>,
     /// Per queue: an eventfd in its worker thread's epoll
@@ -306,7 +307,7 @@ impl CryptoBackend {
             let q = state.get_queue_mut();
             if !q.ready() {
                 // Stopped (GET_VRING_BASE): the ring is not touched any
-                // more; `stop_vring` has turned the driver's kicks back on
+                // more; `stop_vring` turns the driver's kicks back on
                 // if this worker had them off.
                 return Ok(());
             }

@@ -3372,8 +3372,9 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     // here the old ring is stopped by H10 right after a polling batch (the
     // guest's avail index jumps), so its worker waits for kicks with the
     // kicks it turned off still off, and nothing wakes it between the
-    // move and the stop.
-    let mut r = BusyRing::start();
+    // move and the stop. (Requests of 1 MiB: the ring is still being
+    // served when the jump is written, so the worker still polls it.)
+    let mut r = BusyRing::start_with(&[], 1 << 20);
     r.stop_guest();
     let jump = r.used_idx().wrapping_add(40000);
     r.mem.write_all_at(&jump.to_le_bytes(), RAW_AVAIL + 2).unwrap();
@@ -3392,6 +3393,9 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
         "kicks still off in the stopped ring"
     );
     r.mem.write_all_at(&[0x5A; 0x1000], RAW_USED).unwrap();
+    // The new place's used ring with the kicks off, as the driver may
+    // have left it.
+    r.mem.write_all_at(&1u16.to_le_bytes(), NEW + 0x2000).unwrap();
     r.conn()
         .send(SET_VRING_ADDR, V1 | NEED_REPLY, &addr, &[])
         .unwrap();
@@ -3408,6 +3412,13 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     assert!(
         page.iter().all(|&b| b == 0x5A),
         "stopping a ring moved while its worker waited wrote into its old used page"
+    );
+    let mut flags = [0u8; 2];
+    r.mem.read_exact_at(&mut flags, NEW + 0x2000).unwrap();
+    assert_eq!(
+        u16::from_le_bytes(flags),
+        0,
+        "kicks back on where the ring is now"
     );
     r.finish("a ring moved while its worker waited, then stopped");
 }

@@ -119,11 +119,18 @@ fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
         ..old
     };
     vm.move_ring(moved);
+    // The new ring as the driver left it: kicks off, avail index 7.
+    vm.write(moved.used, &1u16.to_le_bytes());
+    vm.write(
+        moved.used + 4 + 8 * u64::from(moved.size),
+        &0x5A5Au16.to_le_bytes(),
+    );
+    vm.write(moved.avail + 2, &7u16.to_le_bytes());
     // The guest uses the old used ring's first line for something else.
     vm.write(old.used, &[0x5A; 64]);
     vm.worker.enable_suppressed_kicks(&vm.mem, moved);
     assert_eq!(vm.u16_at(moved.used), 0, "kicks on in the ring as it is now");
-    assert_eq!(vm.avail_event(), 0, "avail_event at the new ring's avail index");
+    assert_eq!(vm.avail_event(), 7, "avail_event at the new ring's avail index");
     assert_eq!(
         vm.read(old.used, 64),
         [0x5A; 64],
