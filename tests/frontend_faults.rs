@@ -3312,6 +3312,42 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
 #[test]
 fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     use std::os::unix::fs::FileExt;
+    // Waits for the worker to stop a ring for H10 (logged).
+    let until_h10 = |r: &BusyRing, what: &str| {
+        let until = Instant::now() + TIMEOUT;
+        while !r.daemon.log_tail(4000).contains("data queue stopped") {
+            assert!(
+                Instant::now() < until,
+                "{what}\nlog tail: {}",
+                r.daemon.log_tail(1500)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // Stops the ring and checks the old used page, which the guest filled
+    // with 0x5A, is as the guest left it.
+    let stop_and_check_old_page = |r: &BusyRing, what: &str| {
+        r.conn()
+            .send(GET_VRING_BASE, V1, &vring_state(0, 0), &[])
+            .unwrap();
+        let got = r.conn().recv();
+        assert!(
+            matches!(got, Got::Msg(GET_VRING_BASE, _, _)),
+            "{what}: GET_VRING_BASE not answered: {got:?}"
+        );
+        let mut page = vec![0u8; 0x1000];
+        r.mem.read_exact_at(&mut page, RAW_USED).unwrap();
+        let written: Vec<(u64, u8)> = page
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b != 0x5A)
+            .map(|(i, &b)| (RAW_USED + i as u64, b))
+            .collect();
+        assert!(
+            written.is_empty(),
+            "{what}: stopping it wrote into its old used page: {written:x?}"
+        );
+    };
     let mut r = BusyRing::start();
     // The new place: avail at +0x1000 with an index 40,000 ahead of the
     // ring's, used at +0x2000.
@@ -3334,38 +3370,11 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     );
     r.stop_guest();
     // The worker has looked at the new place once H10 is logged.
-    let until = Instant::now() + TIMEOUT;
-    while !r.daemon.log_tail(4000).contains("data queue stopped") {
-        assert!(
-            Instant::now() < until,
-            "the new place was not looked at\nlog tail: {}",
-            r.daemon.log_tail(1500)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_h10(&r, "the new place was not looked at");
     // The guest uses the old used page for something else.
     r.mem.write_all_at(&[0x5A; 0x1000], RAW_USED).unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    r.conn()
-        .send(GET_VRING_BASE, V1, &vring_state(0, 0), &[])
-        .unwrap();
-    let got = r.conn().recv();
-    assert!(
-        matches!(got, Got::Msg(GET_VRING_BASE, _, _)),
-        "GET_VRING_BASE not answered: {got:?}"
-    );
-    let mut page = vec![0u8; 0x1000];
-    r.mem.read_exact_at(&mut page, RAW_USED).unwrap();
-    let written: Vec<(u64, u8)> = page
-        .iter()
-        .enumerate()
-        .filter(|&(_, &b)| b != 0x5A)
-        .map(|(i, &b)| (RAW_USED + i as u64, b))
-        .collect();
-    assert!(
-        written.is_empty(),
-        "stopping the moved ring wrote into its old used page: {written:x?}"
-    );
+    stop_and_check_old_page(&r, "the moved ring");
     r.finish("a ring moved while polled, then stopped");
 
     // The worker need not look at the new place before the stop at all:
@@ -3378,15 +3387,7 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     r.stop_guest();
     let jump = r.used_idx().wrapping_add(40000);
     r.mem.write_all_at(&jump.to_le_bytes(), RAW_AVAIL + 2).unwrap();
-    let until = Instant::now() + TIMEOUT;
-    while !r.daemon.log_tail(4000).contains("data queue stopped") {
-        assert!(
-            Instant::now() < until,
-            "the jump was not seen\nlog tail: {}",
-            r.daemon.log_tail(1500)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_h10(&r, "the jump was not seen");
     assert_eq!(
         ring0_used_u16(&r.mem, 0),
         1,
@@ -3400,19 +3401,7 @@ fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
         .send(SET_VRING_ADDR, V1 | NEED_REPLY, &addr, &[])
         .unwrap();
     assert_eq!(r.conn().reply_u64(SET_VRING_ADDR), 0, "SET_VRING_ADDR");
-    r.conn()
-        .send(GET_VRING_BASE, V1, &vring_state(0, 0), &[])
-        .unwrap();
-    let got = r.conn().recv();
-    assert!(
-        matches!(got, Got::Msg(GET_VRING_BASE, _, _)),
-        "GET_VRING_BASE not answered: {got:?}"
-    );
-    r.mem.read_exact_at(&mut page, RAW_USED).unwrap();
-    assert!(
-        page.iter().all(|&b| b == 0x5A),
-        "stopping a ring moved while its worker waited wrote into its old used page"
-    );
+    stop_and_check_old_page(&r, "a ring moved while its worker waited");
     let mut flags = [0u8; 2];
     r.mem.read_exact_at(&mut flags, NEW + 0x2000).unwrap();
     assert_eq!(
