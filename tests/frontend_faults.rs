@@ -212,6 +212,20 @@ impl Daemon {
         }
     }
 
+    /// Waits up to `within` for `needle` to appear in the last 4000 bytes
+    /// of the daemon's log; fails with `what` and the log's tail.
+    fn until_logged(&self, needle: &str, within: Duration, what: &str) {
+        let start = Instant::now();
+        while !self.log_tail(4000).contains(needle) {
+            assert!(
+                start.elapsed() < within,
+                "{what}\nlog tail: {}",
+                self.log_tail(1500)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn log_tail(&self, bytes: usize) -> String {
         let s = std::fs::read_to_string(self.log()).unwrap_or_default();
         let cut = s.len().saturating_sub(bytes);
@@ -3313,17 +3327,7 @@ fn get_vring_base_is_answered_while_the_guest_keeps_the_ring_busy() {
 fn a_ring_moved_while_polled_is_not_written_at_its_old_place_when_stopped() {
     use std::os::unix::fs::FileExt;
     // Waits for the worker to stop a ring for H10 (logged).
-    let until_h10 = |r: &BusyRing, what: &str| {
-        let until = Instant::now() + TIMEOUT;
-        while !r.daemon.log_tail(4000).contains("data queue stopped") {
-            assert!(
-                Instant::now() < until,
-                "{what}\nlog tail: {}",
-                r.daemon.log_tail(1500)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
+    let until_h10 = |r: &BusyRing, what: &str| r.daemon.until_logged("data queue stopped", TIMEOUT, what);
     // Stops the ring and checks the old used page, which the guest filled
     // with 0x5A, is as the guest left it.
     let stop_and_check_old_page = |r: &BusyRing, what: &str| {
@@ -5309,15 +5313,7 @@ fn exit_status_3_finishes_while_a_memory_check_waits_on_the_frontends_lock() {
     assert!(sent > 256, "only {sent} descriptors taken");
     drop(c);
     // The exit-3 line comes 10 s into the teardown; the exit cannot finish.
-    let start = Instant::now();
-    while !daemon.log_tail(4000).contains("exiting (status 3)") {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no exit-3 line\nlog tail: {}",
-            daemon.log_tail(1500)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    daemon.until_logged("exiting (status 3)", Duration::from_secs(30), "no exit-3 line");
     let start = Instant::now();
     let status = loop {
         if let Some(st) = daemon.child.try_wait().unwrap() {

@@ -72,16 +72,23 @@ fn one_batch_per_call_without_polling_too() {
     vm.assert_done(vm.used(199), &NIST_CT);
 }
 
+/// A VM whose worker has just run one polling batch of `n` baseline
+/// requests, which turned the driver's kicks off in its ring.
+fn after_a_polling_batch(n: u16) -> Vm {
+    let mut vm = Vm::new();
+    push_requests(&mut vm, n);
+    vm.worker.set_polling(true);
+    assert_eq!(vm.run().completed, u32::from(n));
+    assert_eq!(vm.u16_at(vm.ring.used), 1, "VRING_USED_F_NO_NOTIFY");
+    vm
+}
+
 /// A ring stopped after a polling batch (GET_VRING_BASE, `stop_vring`):
 /// `enable_suppressed_kicks` turns the driver's kicks back on; after a
 /// batch that left them on it writes nothing.
 #[test]
 fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
-    let mut vm = Vm::new();
-    push_requests(&mut vm, 10);
-    vm.worker.set_polling(true);
-    assert_eq!(vm.run().completed, 10);
-    assert_eq!(vm.u16_at(vm.ring.used), 1, "VRING_USED_F_NO_NOTIFY");
+    let mut vm = after_a_polling_batch(10);
     assert_eq!(vm.avail_event(), 10u16.wrapping_add(0x8000));
     vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring);
     assert_eq!(vm.u16_at(vm.ring.used), 0);
@@ -106,12 +113,8 @@ fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
 /// its used ring.
 #[test]
 fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
-    let mut vm = Vm::new();
-    push_requests(&mut vm, 10);
-    vm.worker.set_polling(true);
-    assert_eq!(vm.run().completed, 10);
+    let mut vm = after_a_polling_batch(10);
     let old = vm.ring;
-    assert_eq!(vm.u16_at(old.used), 1, "VRING_USED_F_NO_NOTIFY");
     let moved = RingAddrs {
         desc: 0x10_0000,
         avail: 0x18_0000,
@@ -138,10 +141,7 @@ fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
     );
 
     // Resized in place: the same used ring, half the entries.
-    let mut vm = Vm::new();
-    push_requests(&mut vm, 10);
-    vm.worker.set_polling(true);
-    assert_eq!(vm.run().completed, 10);
+    let mut vm = after_a_polling_batch(10);
     let half = RingAddrs {
         size: vm.ring.size / 2,
         ..vm.ring
