@@ -496,12 +496,19 @@ impl VhostUserBackend for CryptoBackend {
             // event would come back at once, for ever). The count may be
             // found taken already (the frontend read it, or another ring
             // shares the eventfd): the ring is looked at anyway, and a read
-            // that fails ends nothing. (The frontend may clear O_NONBLOCK on
-            // the eventfd and take the count first: this read then waits
-            // for its next kick, holding no lock; the teardown kicks such a
-            // worker free, see `EventFdCopies::wake_workers`.)
+            // that fails ends nothing. The read never waits, even when the
+            // frontend has cleared O_NONBLOCK on the eventfd (it shares the
+            // open file) and takes the count first: `RWF_NOWAIT`. Only a
+            // kernel whose eventfds refuse that (`EOPNOTSUPP`) gets a plain
+            // read, which may then wait for the next kick, holding no lock;
+            // the teardown kicks such a worker free, see
+            // `EventFdCopies::wake_workers`.
             if let Some(k) = self.kick.get(thread_id).and_then(ArcSwapOption::load_full) {
-                let _ = (&*k).read(&mut [0u8; 8]);
+                if let Err(e) = crate::frontend_proxy::read_eventfd_nowait(k.as_raw_fd()) {
+                    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                        let _ = (&*k).read(&mut [0u8; 8]);
+                    }
+                }
             }
         } else if event == self.wake_event_id() {
             // Our wake eventfd (after a memory table change). (Non-blocking;

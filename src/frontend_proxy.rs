@@ -1571,18 +1571,11 @@ impl EventFdCopies {
     pub fn wake_workers(&self) {
         for (_, call) in self.call.iter().flatten() {
             let fd = call.as_raw_fd();
-            let mut buf = [0u8; 8];
-            let iov = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            // SAFETY: preadv2 into one 8-byte buffer of ours, at the
-            // current position (-1); RWF_NOWAIT: EAGAIN instead of waiting
-            // when the counter is 0.
-            let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
-            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-                let _ = set_nonblocking(fd);
-                let _ = (&*call).read(&mut buf);
+            if let Err(e) = read_eventfd_nowait(fd) {
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    let _ = set_nonblocking(fd);
+                    let _ = (&*call).read(&mut [0u8; 8]);
+                }
             }
         }
         for (_, kick) in self.kick.iter().flatten() {
@@ -1598,6 +1591,33 @@ impl EventFdCopies {
                 let _ = (&*kick).write(&1u64.to_ne_bytes());
             }
         }
+    }
+}
+
+/// Takes an eventfd's counter (eventfd(2): an 8-byte read returns it and
+/// sets it to 0) without ever waiting, whatever the open file's
+/// `O_NONBLOCK`, which the frontend shares and can clear: `preadv2(2)` at
+/// the current position with `RWF_NOWAIT`, which an eventfd whose counter
+/// is 0 answers with `EAGAIN`.
+///
+/// # Errors
+/// The `preadv2` error: `EAGAIN` when the counter is 0; `EOPNOTSUPP` where
+/// the kernel's eventfds do not take `RWF_NOWAIT` (kernels older than the
+/// eventfd `read_iter` conversion).
+pub fn read_eventfd_nowait(fd: RawFd) -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: preadv2 into one 8-byte buffer of ours, at the current
+    // position (-1); RWF_NOWAIT: EAGAIN instead of waiting when the counter
+    // is 0.
+    let r = unsafe { libc::preadv2(fd, &iov, 1, -1, libc::RWF_NOWAIT) };
+    match r {
+        8 => Ok(u64::from_ne_bytes(buf)),
+        r if r < 0 => Err(io::Error::last_os_error()),
+        _ => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
     }
 }
 
@@ -2369,5 +2389,29 @@ mod tests {
         c.keep(VHOST_USER_SET_VRING_KICK, 1, &busy_kick).unwrap();
         c.wake_workers();
         assert_eq!((count(&call), count(&kick), count(&busy_kick)), (0, 1, 5));
+    }
+
+    /// read_eventfd_nowait takes the whole counter of a blocking eventfd
+    /// (no `O_NONBLOCK`, as a frontend can leave the kick eventfd it
+    /// shares) and answers `EAGAIN` at once when it is 0, where read(2)
+    /// would wait for the next write (eventfd(2)). The reads run on a
+    /// thread of their own, so a read that waits fails the test instead
+    /// of hanging it.
+    #[test]
+    fn read_eventfd_nowait_never_waits() {
+        let f = eventfd(0);
+        (&f).write_all(&5u64.to_ne_bytes()).unwrap();
+        let fd = f.as_raw_fd();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let first = read_eventfd_nowait(fd).map_err(|e| e.raw_os_error());
+            let second = read_eventfd_nowait(fd).map_err(|e| e.raw_os_error());
+            let _ = tx.send((first, second));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+        // Let a thread that waits go before `f` closes.
+        (&f).write_all(&1u64.to_ne_bytes()).unwrap();
+        assert_eq!(got, Ok((Ok(5), Err(Some(libc::EAGAIN)))));
+        assert_eq!(count(&f), 1);
     }
 }
