@@ -111,6 +111,9 @@ pub struct CryptoBackend {
     kick: Vec<ArcSwapOption<File>>,
     /// Whether an event set without `IN` was logged on this connection.
     odd_event_logged: AtomicBool,
+    /// Whether a ring started without SET_VRING_ADDR was logged (once per
+    /// connection).
+    unaddressed_logged: AtomicBool,
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
     seccomp: Option<WorkerFilter>,
@@ -154,6 +157,7 @@ impl CryptoBackend {
             wake,
             kick: (0..queues).map(|_| ArcSwapOption::empty()).collect(),
             odd_event_logged: AtomicBool::new(false),
+            unaddressed_logged: AtomicBool::new(false),
             handed_out: Mutex::new(Vec::new()),
             poll,
             seccomp: None,
@@ -312,6 +316,21 @@ impl CryptoBackend {
                 return Ok(());
             }
             let addrs = ring_addrs(q);
+            if addrs.desc == 0 && addrs.avail == 0 && addrs.used == 0 {
+                // Started (SET_VRING_KICK) without SET_VRING_ADDR: the
+                // library leaves all three addresses at 0 until then. No
+                // ring is read or written at guest address 0 that the
+                // frontend never named; the ring is served once it gives
+                // the addresses and kicks. (A frontend that puts all three
+                // at 0 on purpose, overlapping, is not served either.)
+                if !self.unaddressed_logged.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        "data queue {queue} started without SET_VRING_ADDR: not served until it \
+                         has its addresses (further ones on this connection are not logged)"
+                    );
+                }
+                return Ok(());
+            }
             if !enabled {
                 // Disabled by the frontend (SET_VRING_ENABLE 0): nothing
                 // more is processed; kicks are turned back on in case this

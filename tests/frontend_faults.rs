@@ -2119,6 +2119,69 @@ fn raw_ring_at(c: &Conn, index: u32, at: u64, kick: &EventFd, call: &EventFd) {
     }
 }
 
+/// A frontend that starts a ring (SET_VRING_KICK, SET_VRING_CALL) without
+/// ever sending SET_VRING_ADDR: vhost-user-backend leaves the ring's three
+/// addresses at 0 and marks it ready, and the worker used to serve it
+/// there, reading an avail ring and writing a used ring at guest address
+/// 0 that the frontend never named. Now such a ring is not served until
+/// its addresses come: guest memory below 12 KiB stays as the guest left
+/// it (an avail index of 1 at guest address 2, every other byte 0x5A),
+/// and once the frontend sends SET_VRING_ADDR and kicks, a NIST request
+/// is served at the ring those addresses name.
+#[test]
+fn a_ring_started_without_addresses_is_not_served_at_guest_address_0() {
+    use std::os::unix::fs::FileExt;
+    let mut daemon = Daemon::spawn(&[]);
+    let c = Conn::negotiated(&daemon.sock);
+    let mem = sealable_memfd(MEM_SIZE);
+    let kick = EventFd::new(EFD_NONBLOCK).unwrap();
+    let call = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut low = vec![0x5Au8; 0x3000];
+    low[2..4].copy_from_slice(&1u16.to_le_bytes());
+    mem.write_all_at(&low, 0).unwrap();
+    set_mem_table(&c, &mem, &[(0, MEM_SIZE, UADDR, 0)]);
+    let fd_message = 0u64.to_le_bytes().to_vec();
+    for (req, payload, fds) in [
+        (SET_VRING_NUM, vring_state(0, 256), vec![]),
+        (SET_VRING_BASE, vring_state(0, 0), vec![]),
+        (SET_VRING_KICK, fd_message.clone(), vec![kick.as_raw_fd()]),
+        (SET_VRING_CALL, fd_message, vec![call.as_raw_fd()]),
+    ] {
+        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
+        assert_eq!(c.reply_u64(req), 0, "request {req}");
+    }
+    let sid = create_nist_session(&c);
+    for _ in 0..20 {
+        kick.write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    daemon.until_logged(
+        "started without SET_VRING_ADDR",
+        TIMEOUT,
+        "the ring without addresses",
+    );
+    let mut now = vec![0u8; low.len()];
+    mem.read_exact_at(&mut now, 0).unwrap();
+    let changed: Vec<usize> = (0..now.len()).filter(|&i| now[i] != low[i]).collect();
+    assert!(
+        changed.is_empty(),
+        "{} bytes written below 12 KiB, where the frontend named no ring (first at {:?})",
+        changed.len(),
+        changed.first()
+    );
+    let addr = vring_addr(
+        0,
+        UADDR + RAW_DESC,
+        UADDR + RAW_DESC + 0x2000,
+        UADDR + RAW_DESC + 0x1000,
+    );
+    c.send(SET_VRING_ADDR, V1 | NEED_REPLY, &addr, &[]).unwrap();
+    assert_eq!(c.reply_u64(SET_VRING_ADDR), 0, "SET_VRING_ADDR");
+    assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
+    drop(c);
+    daemon.assert_alive("a ring started without addresses");
+}
+
 /// The frontend tries to shrink the guest memory file after SET_MEM_TABLE
 /// (all sizes were right when the table was checked), under a live ring.
 ///
