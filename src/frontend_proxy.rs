@@ -1501,11 +1501,12 @@ pub const EVENTFD_COPIES_PER_RING: usize = 16;
 ///
 /// [`check_ring_eventfd`] makes those eventfds non-blocking, but the flag
 /// lives on the open file, which the frontend shares and can clear again.
-/// A worker can then be blocked for good in vhost-user-backend's 8-byte
-/// kick read (the frontend read the counter first, or gave two rings one
-/// kick eventfd) or in the call write (the frontend filled the counter),
-/// and the daemon, which joins the workers when the connection ends, would
-/// wait for it forever. [`EventFdCopies::wake_workers`] lets such a worker
+/// A worker can then be blocked for good in the call write (the frontend
+/// filled the counter) or, where the kernel's eventfds refuse
+/// `RWF_NOWAIT` (see [`read_eventfd_nowait`]), in its read of the
+/// frontend's kick eventfd (the frontend read the counter first, or gave
+/// two rings one kick eventfd), and the daemon, which joins the workers
+/// when the connection ends, would wait for it forever. [`EventFdCopies::wake_workers`] lets such a worker
 /// go on, also when the frontend has since given the ring another eventfd
 /// (the library applies that only once the worker lets go of the ring).
 #[derive(Debug, Default)]
