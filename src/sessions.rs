@@ -482,7 +482,7 @@ impl TableShared {
 
 impl SessionTable {
     /// An empty table with room for twice `max_sessions` (up to
-    /// [`MAX_PRERESERVED`] of them).
+    /// `MAX_PRERESERVED`, 4,096, of them).
     pub fn new(max_sessions: usize) -> Self {
         SessionTable {
             shared: Arc::new(TableShared {
