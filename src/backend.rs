@@ -111,8 +111,8 @@ pub struct CryptoBackend {
     kick: Vec<ArcSwapOption<File>>,
     /// Whether an event set without `IN` was logged on this connection.
     odd_event_logged: AtomicBool,
-    /// Whether a ring started without SET_VRING_ADDR was logged (once per
-    /// connection).
+    /// Whether a ring started without its SET_VRING_ADDR addresses was
+    /// logged (once per connection).
     unaddressed_logged: AtomicBool,
     handed_out: Mutex<Vec<RawFd>>,
     poll: Duration,
@@ -316,17 +316,24 @@ impl CryptoBackend {
                 return Ok(());
             }
             let addrs = ring_addrs(q);
-            if addrs.desc == 0 && addrs.avail == 0 && addrs.used == 0 {
-                // Started (SET_VRING_KICK) without SET_VRING_ADDR: the
-                // library leaves all three addresses at 0 until then. No
-                // ring is read or written at guest address 0 that the
-                // frontend never named; the ring is served once it gives
-                // the addresses and kicks. (A frontend that puts all three
-                // at 0 on purpose, overlapping, is not served either.)
+            if addrs.desc == 0 || addrs.avail == 0 || addrs.used == 0 {
+                // Started (SET_VRING_KICK) without its addresses: the
+                // library leaves all three at 0 until SET_VRING_ADDR, and a
+                // SET_VRING_ADDR it refuses half way (an address that
+                // translates to a misaligned guest address) leaves the ones
+                // after it at 0 until the connection ends. No ring is read
+                // or written at guest address 0 that the frontend never
+                // named; the ring is served once it has all three and is
+                // kicked. As in QEMU, which does not start a queue whose
+                // descriptor table is at 0 (`vhost_virtqueue_start`,
+                // hw/virtio/vhost.c), and DPDK, which needs all three
+                // (`vq_is_ready`, lib/vhost/vhost_user.c): a ring with any
+                // of them at guest address 0 is not served.
                 if !self.unaddressed_logged.swap(true, Ordering::Relaxed) {
                     warn!(
-                        "data queue {queue} started without SET_VRING_ADDR: not served until it \
-                         has its addresses (further ones on this connection are not logged)"
+                        "data queue {queue} has no SET_VRING_ADDR addresses (one is at guest \
+                         address 0): not served until it has them (further ones on this \
+                         connection are not logged)"
                     );
                 }
                 return Ok(());
