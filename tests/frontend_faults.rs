@@ -2106,14 +2106,26 @@ fn ring_with_one_request_served_at(c: &Conn, index: u32) -> (File, EventFd, Even
 /// `call`; every message is acked with 0.
 fn raw_ring_at(c: &Conn, index: u32, at: u64, kick: &EventFd, call: &EventFd) {
     let addr = vring_addr(index, UADDR + at, UADDR + at + 0x2000, UADDR + at + 0x1000);
+    start_ring(c, index, Some(addr), kick, call);
+}
+
+/// Sends SET_VRING_NUM (256 entries), SET_VRING_BASE (0), the
+/// SET_VRING_ADDR payload `addr` if there is one, SET_VRING_KICK `kick`
+/// and SET_VRING_CALL `call` for data ring `index`; every message is acked
+/// with 0.
+fn start_ring(c: &Conn, index: u32, addr: Option<Vec<u8>>, kick: &EventFd, call: &EventFd) {
     let fd_message = u64::from(index).to_le_bytes().to_vec();
-    for (req, payload, fds) in [
+    let messages = [
         (SET_VRING_NUM, vring_state(index, 256), vec![]),
         (SET_VRING_BASE, vring_state(index, 0), vec![]),
-        (SET_VRING_ADDR, addr, vec![]),
+    ]
+    .into_iter()
+    .chain(addr.map(|a| (SET_VRING_ADDR, a, vec![])))
+    .chain([
         (SET_VRING_KICK, fd_message.clone(), vec![kick.as_raw_fd()]),
         (SET_VRING_CALL, fd_message, vec![call.as_raw_fd()]),
-    ] {
+    ]);
+    for (req, payload, fds) in messages {
         c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
         assert_eq!(c.reply_u64(req), 0, "request {req}");
     }
@@ -2140,16 +2152,7 @@ fn a_ring_started_without_addresses_is_not_served_at_guest_address_0() {
     low[2..4].copy_from_slice(&1u16.to_le_bytes());
     mem.write_all_at(&low, 0).unwrap();
     set_mem_table(&c, &mem, &[(0, MEM_SIZE, UADDR, 0)]);
-    let fd_message = 0u64.to_le_bytes().to_vec();
-    for (req, payload, fds) in [
-        (SET_VRING_NUM, vring_state(0, 256), vec![]),
-        (SET_VRING_BASE, vring_state(0, 0), vec![]),
-        (SET_VRING_KICK, fd_message.clone(), vec![kick.as_raw_fd()]),
-        (SET_VRING_CALL, fd_message, vec![call.as_raw_fd()]),
-    ] {
-        c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
-        assert_eq!(c.reply_u64(req), 0, "request {req}");
-    }
+    start_ring(&c, 0, None, &kick, &call);
     let sid = create_nist_session(&c);
     for _ in 0..20 {
         kick.write(1).unwrap();
@@ -2168,15 +2171,7 @@ fn a_ring_started_without_addresses_is_not_served_at_guest_address_0() {
         1,
         "logged once per connection"
     );
-    let mut now = vec![0u8; low.len()];
-    mem.read_exact_at(&mut now, 0).unwrap();
-    let changed: Vec<usize> = (0..now.len()).filter(|&i| now[i] != low[i]).collect();
-    assert!(
-        changed.is_empty(),
-        "{} bytes written below 12 KiB, where the frontend named no ring (first at {:?})",
-        changed.len(),
-        changed.first()
-    );
+    assert_unchanged_from_0(&mem, &low, "started without addresses");
     let addr = vring_addr(
         0,
         UADDR + RAW_DESC,
@@ -2188,6 +2183,23 @@ fn a_ring_started_without_addresses_is_not_served_at_guest_address_0() {
     assert_raw_nist_ok(1, raw_nist_request(&mem, &kick, &call, sid, 1));
     drop(c);
     daemon.assert_alive("a ring started without addresses");
+}
+
+/// Checks that guest memory from address 0 still holds `was` (where the
+/// frontend named no ring); names the first 16 bytes that changed.
+#[track_caller]
+fn assert_unchanged_from_0(mem: &File, was: &[u8], what: &str) {
+    use std::os::unix::fs::FileExt;
+    let mut now = vec![0u8; was.len()];
+    mem.read_exact_at(&mut now, 0).unwrap();
+    let changed: Vec<usize> = (0..now.len()).filter(|&i| now[i] != was[i]).collect();
+    assert!(
+        changed.is_empty(),
+        "{what}: {} bytes written below {:#x}, where the frontend named no ring (at {:?})",
+        changed.len(),
+        was.len(),
+        &changed[..changed.len().min(16)]
+    );
 }
 
 /// A SET_VRING_ADDR that vhost-user-backend refuses half way: the used
@@ -2223,16 +2235,7 @@ fn a_ring_whose_set_vring_addr_failed_half_way_is_not_served_at_guest_address_0(
         let fds = [mem.as_raw_fd(), mem.as_raw_fd()];
         c.send(SET_MEM_TABLE, V1 | NEED_REPLY, &table, &fds).unwrap();
         assert_eq!(c.reply_u64(SET_MEM_TABLE), 0, "SET_MEM_TABLE");
-        let fd_message = 0u64.to_le_bytes().to_vec();
-        for (req, payload, fds) in [
-            (SET_VRING_NUM, vring_state(0, 256), vec![]),
-            (SET_VRING_BASE, vring_state(0, 0), vec![]),
-            (SET_VRING_KICK, fd_message.clone(), vec![kick.as_raw_fd()]),
-            (SET_VRING_CALL, fd_message, vec![call.as_raw_fd()]),
-        ] {
-            c.send(req, V1 | NEED_REPLY, &payload, &fds).unwrap();
-            assert_eq!(c.reply_u64(req), 0, "request {req}");
-        }
+        start_ring(&c, 0, None, &kick, &call);
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -2250,15 +2253,7 @@ fn a_ring_whose_set_vring_addr_failed_half_way_is_not_served_at_guest_address_0(
             stop.store(true, Ordering::Relaxed);
         });
         drop(c);
-        let mut now = vec![0u8; low.len()];
-        mem.read_exact_at(&mut now, 0).unwrap();
-        let changed: Vec<usize> = (0..now.len()).filter(|&i| now[i] != low[i]).collect();
-        assert!(
-            changed.is_empty(),
-            "try {round}: {} bytes written below 12 KiB, where the frontend named no ring (at {:?})",
-            changed.len(),
-            &changed[..changed.len().min(16)]
-        );
+        assert_unchanged_from_0(&mem, &low, &format!("try {round}"));
     }
     daemon.assert_alive("SET_VRING_ADDRs refused half way");
     assert_nist(&daemon.sock, "SET_VRING_ADDRs refused half way");
@@ -2821,7 +2816,6 @@ fn a_ring_of_large_requests_does_not_hold_up_the_teardown() {
 /// frontend gives both rings new kick eventfds.
 #[test]
 fn a_frontend_clearing_o_nonblock_on_a_shared_kick_eventfd_parks_no_worker() {
-    use std::os::unix::fs::FileExt;
     for replace in [false, true] {
         let what = format!("a shared kick eventfd without O_NONBLOCK, replaced: {replace}");
         let mut daemon = Daemon::spawn(&["--queues", "2"]);
@@ -2838,26 +2832,7 @@ fn a_frontend_clearing_o_nonblock_on_a_shared_kick_eventfd_parks_no_worker() {
         if !replace {
             no_worker_waits_in(daemon.pid(), libc::SYS_read, TIMEOUT, || kick.write(1).unwrap());
         }
-        submit_nist_at(&mem, &kick, RAW_DESC, RAW_HDR, sid, 1);
-        submit_nist_at(&mem, &kick, 0xA0000, 0x30000, sid, 1);
-        // Which worker sees a kick on a shared eventfd is a race of the
-        // frontend's making (a worker whose epoll looks after the other took
-        // the count does not wake): kick until both rings are served.
-        let start = Instant::now();
-        while used_idx_at(&mem, RAW_DESC) != 1 || used_idx_at(&mem, 0xA0000) != 1 {
-            assert!(
-                start.elapsed() < TIMEOUT,
-                "{what}: rings not served: used.idx {} and {}",
-                used_idx_at(&mem, RAW_DESC),
-                used_idx_at(&mem, 0xA0000)
-            );
-            kick.write(1).unwrap();
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
-        let mut dst = vec![0u8; 64];
-        mem.read_exact_at(&mut dst, 0x33000).unwrap();
-        assert_eq!(dst, hex(NIST_CT), "{what}: ring 1: F.2.1 ciphertext");
+        both_rings_served_on_a_shared_kick(&mem, &kick, sid, &what);
         let new = [
             EventFd::new(EFD_NONBLOCK).unwrap(),
             EventFd::new(EFD_NONBLOCK).unwrap(),
@@ -3845,7 +3820,6 @@ fn a_kick_eventfd_written_after_its_replacement_stops_no_worker() {
 /// count does not wake for it. So the requests are kicked until served.)
 #[test]
 fn two_rings_sharing_a_kick_eventfd_keep_their_workers() {
-    use std::os::unix::fs::FileExt;
     let mut daemon = Daemon::spawn(&["--queues", "2"]);
     let c = Conn::negotiated(&daemon.sock);
     let mem = memfd(MEM_SIZE);
@@ -3866,25 +3840,36 @@ fn two_rings_sharing_a_kick_eventfd_keep_their_workers() {
         2,
         "worker threads after 1,000 shared kicks"
     );
-    submit_nist_at(&mem, &kick, RAW_DESC, RAW_HDR, sid, 1);
-    submit_nist_at(&mem, &kick, 0xA0000, 0x30000, sid, 1);
+    both_rings_served_on_a_shared_kick(&mem, &kick, sid, "a shared kick eventfd");
+    drop(c);
+    daemon.assert_alive("a shared kick eventfd");
+}
+
+/// One NIST F.2.1 request on ring 0 (at [`RAW_DESC`]) and one on ring 1
+/// (at 0xA0000, buffers from 0x30000), both rings kicked through the one
+/// `kick` eventfd they share, until both are served (within [`TIMEOUT`]);
+/// checks both results. Which worker sees a kick on a shared eventfd is a
+/// race of the frontend's making (a worker whose epoll looks after the
+/// other took the count does not wake), hence a kick every 10 ms.
+fn both_rings_served_on_a_shared_kick(mem: &File, kick: &EventFd, sid: u64, what: &str) {
+    use std::os::unix::fs::FileExt;
+    submit_nist_at(mem, kick, RAW_DESC, RAW_HDR, sid, 1);
+    submit_nist_at(mem, kick, 0xA0000, 0x30000, sid, 1);
     let start = Instant::now();
-    while used_idx_at(&mem, RAW_DESC) != 1 || used_idx_at(&mem, 0xA0000) != 1 {
+    while used_idx_at(mem, RAW_DESC) != 1 || used_idx_at(mem, 0xA0000) != 1 {
         assert!(
             start.elapsed() < TIMEOUT,
-            "rings not served: used.idx {} and {}",
-            used_idx_at(&mem, RAW_DESC),
-            used_idx_at(&mem, 0xA0000)
+            "{what}: rings not served: used.idx {} and {}",
+            used_idx_at(mem, RAW_DESC),
+            used_idx_at(mem, 0xA0000)
         );
         kick.write(1).unwrap();
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert_raw_nist_ok(1, raw_nist_result(&mem, 1));
+    assert_raw_nist_ok(1, raw_nist_result(mem, 1));
     let mut dst = vec![0u8; 64];
     mem.read_exact_at(&mut dst, 0x33000).unwrap();
-    assert_eq!(dst, hex(NIST_CT), "ring 1: F.2.1 ciphertext");
-    drop(c);
-    daemon.assert_alive("a shared kick eventfd");
+    assert_eq!(dst, hex(NIST_CT), "{what}: ring 1: F.2.1 ciphertext");
 }
 
 /// The frontend reads its own kick eventfd right after each write (it
