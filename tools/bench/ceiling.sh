@@ -34,7 +34,8 @@ command -v python3 >/dev/null || { echo "ceiling: needs python3" >&2; exit 1; }
 WT=$ROOT/target/ceiling-src
 echo "== building $(git rev-parse --short HEAD) and its ceiling build" >&2
 cargo build --release --workspace -q
-if [ -d "$WT" ]; then git worktree remove --force "$WT"; fi
+git worktree remove --force "$WT" 2>/dev/null || rm -rf "$WT"
+git worktree prune
 git worktree add -q --detach "$WT" HEAD
 git -C "$WT" apply "$ROOT/docs/bench/ceiling.patch"
 (cd "$WT" && CARGO_TARGET_DIR=$ROOT/target/ceiling-target \
