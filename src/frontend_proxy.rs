@@ -1506,9 +1506,10 @@ pub const EVENTFD_COPIES_PER_RING: usize = 16;
 /// `RWF_NOWAIT` (see [`read_eventfd_nowait`]), in its read of the
 /// frontend's kick eventfd (the frontend read the counter first, or gave
 /// two rings one kick eventfd), and the daemon, which joins the workers
-/// when the connection ends, would wait for it forever. [`EventFdCopies::wake_workers`] lets such a worker
-/// go on, also when the frontend has since given the ring another eventfd
-/// (the library applies that only once the worker lets go of the ring).
+/// when the connection ends, would wait for it forever.
+/// [`EventFdCopies::wake_workers`] lets such a worker go on, also when the
+/// frontend has since given the ring another eventfd (the library applies
+/// that only once the worker lets go of the ring).
 #[derive(Debug, Default)]
 pub struct EventFdCopies {
     kick: Vec<Vec<(Option<u64>, File)>>,

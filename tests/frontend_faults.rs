@@ -2507,9 +2507,11 @@ fn until_a_worker_blocks_in(pid: u32, nr: libc::c_long, mut poke: impl FnMut()) 
 
 /// Fails if a `vring_worker` of `pid` is seen in syscall `nr` twice 20 ms
 /// apart during `within`, calling `poke` before each look (the opposite
-/// of [`until_a_worker_blocks_in`]; a wait that needs a race between two
-/// workers was reached within 5 s in 32 of 34 runs on 2 busy CPUs, so a
-/// single run may miss one).
+/// of [`until_a_worker_blocks_in`]). A wait that needs a race between two
+/// workers may take a while: the shared-kick test's old read was seen
+/// after 22–826 ms in each of 20 runs (its reviewer), but on busy CPUs
+/// such a race took more than 5 s in 2 of 34 runs, so a single run may
+/// miss one.
 fn no_worker_waits_in(pid: u32, nr: libc::c_long, within: Duration, mut poke: impl FnMut()) {
     let nr = &nr.to_string();
     let start = Instant::now();
