@@ -2486,16 +2486,12 @@ fn vring_worker_syscalls(pid: u32) -> Vec<String> {
 /// [`TIMEOUT`] in 2 of 34 runs of this file on 2 CPUs while other builds
 /// and tests ran beside it.
 fn until_a_worker_blocks_in(pid: u32, nr: libc::c_long, mut poke: impl FnMut()) {
-    let nr = &nr.to_string();
     let start = Instant::now();
     loop {
         poke();
         std::thread::sleep(Duration::from_millis(2));
-        if vring_worker_syscalls(pid).iter().any(|s| s == nr) {
-            std::thread::sleep(Duration::from_millis(20));
-            if vring_worker_syscalls(pid).iter().any(|s| s == nr) {
-                return;
-            }
+        if a_worker_sits_in(pid, nr) {
+            return;
         }
         assert!(
             start.elapsed() < 4 * TIMEOUT,
@@ -2513,22 +2509,29 @@ fn until_a_worker_blocks_in(pid: u32, nr: libc::c_long, mut poke: impl FnMut()) 
 /// such a race took more than 5 s in 2 of 34 runs, so a single run may
 /// miss one.
 fn no_worker_waits_in(pid: u32, nr: libc::c_long, within: Duration, mut poke: impl FnMut()) {
-    let nr = &nr.to_string();
     let start = Instant::now();
     let mut looks = 0u32;
     while start.elapsed() < within {
         poke();
         std::thread::sleep(Duration::from_millis(2));
         looks += 1;
-        if vring_worker_syscalls(pid).iter().any(|s| s == nr) {
-            std::thread::sleep(Duration::from_millis(20));
-            let now = vring_worker_syscalls(pid);
-            assert!(
-                !now.iter().any(|s| s == nr),
-                "a worker waits in syscall {nr} after {looks} pokes in {:?}: {now:?}",
-                start.elapsed()
-            );
-        }
+        assert!(
+            !a_worker_sits_in(pid, nr),
+            "a worker waits in syscall {nr} after {looks} pokes in {:?}: {:?}",
+            start.elapsed(),
+            vring_worker_syscalls(pid)
+        );
+    }
+}
+
+/// Whether a `vring_worker` of `pid` is in syscall `nr` now and still 20
+/// ms later (one that is only passing through is not counted).
+fn a_worker_sits_in(pid: u32, nr: libc::c_long) -> bool {
+    let nr = &nr.to_string();
+    let seen = || vring_worker_syscalls(pid).iter().any(|s| s == nr);
+    seen() && {
+        std::thread::sleep(Duration::from_millis(20));
+        seen()
     }
 }
 
