@@ -6,13 +6,15 @@
 //! memory, used ring. Sizes 64 B to 16 KiB, encrypt and decrypt.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
-use vhost_user_crypto::queue::{QueueWorker, RingAddrs};
-use vhost_user_crypto::request::{
-    Desc, RequestLimits, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
-use vhost_user_crypto::session_msg::SymSessionInfo;
+use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::session_set;
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::virtq::descriptor::{
+    Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use vhost_user_crypto::virtq::ring::RingAddrs;
+use vhost_user_crypto::wire::session::SymSessionInfo;
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
+use vhost_user_crypto::worker::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const QSIZE: u16 = 256;

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::crypto::RequestLimits;
 use crate::daemon::Config;
-use crate::frontend_proxy::AbiChoice;
-use crate::request::RequestLimits;
-use crate::session_msg::SessionAbi;
+use crate::proxy::AbiChoice;
+use crate::wire::session::SessionAbi;
 
 /// Layout of the CREATE_CRYPTO_SESSION payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -18,38 +18,41 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use log::{debug, error, warn};
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_NOTIFY_ON_EMPTY, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
 
-use crate::queue::{QueueWorker, RingAddrs};
-use crate::request::{GuestMemory_, RequestLimits, MAX_QUEUE_SIZE};
+use crate::crypto::RequestLimits;
+use crate::eventfd::read_eventfd_nowait;
 use crate::seccomp::WorkerFilter;
 use crate::sessions::SessionTable;
+use crate::virtq::ring::RingAddrs;
+use crate::virtq::MAX_QUEUE_SIZE;
+use crate::worker::QueueWorker;
 
-/// `VHOST_USER_F_PROTOCOL_FEATURES` (virtio feature bit 30).
-pub const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
-/// `VIRTIO_F_NOTIFY_ON_EMPTY` (bit 24), offered as DPDK's vhost-crypto does.
-pub const VIRTIO_F_NOTIFY_ON_EMPTY: u64 = 1 << 24;
-
-/// Virtio features the backend offers (protocol reference §2.3: QEMU acks
-/// only bit 30 for this device; other frontends may ack the ring features).
+/// Virtio features the backend offers: `VERSION_1`, `RING_F_INDIRECT_DESC`,
+/// `RING_F_EVENT_IDX`, `NOTIFY_ON_EMPTY` (as DPDK's vhost-crypto offers it)
+/// and `VHOST_USER_F_PROTOCOL_FEATURES`. QEMU acks only the last one for
+/// this device (`docs/PROTOCOL.md` §4.2); other frontends may ack the ring
+/// features.
 pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
-    | VIRTIO_F_NOTIFY_ON_EMPTY
-    | VHOST_USER_F_PROTOCOL_FEATURES;
+    | (1 << VIRTIO_F_NOTIFY_ON_EMPTY)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
-/// vhost-user protocol features the backend offers (vhost-user spec,
-/// "Protocol features"): `MQ` (bit 0), `REPLY_ACK` (bit 3) and
-/// `CRYPTO_SESSION` (bit 7). The frontend layer refuses a
+/// vhost-user protocol features the backend offers: `MQ`, `REPLY_ACK` and
+/// `CRYPTO_SESSION`. The frontend compatibility layer refuses a
 /// `SET_PROTOCOL_FEATURES` with any other bit.
-pub const PROTOCOL_FEATURES: u64 = (1 << 0) | (1 << 3) | (1 << 7);
+pub const PROTOCOL_FEATURES: u64 = VhostUserProtocolFeatures::MQ
+    .union(VhostUserProtocolFeatures::REPLY_ACK)
+    .union(VhostUserProtocolFeatures::CRYPTO_SESSION)
+    .bits();
 
 /// How long a queue worker serves a busy ring, batch after batch, before
 /// it stays away from its locks for [`LOCK_GAP`], so that a control
@@ -88,7 +91,7 @@ fn lock_gap_if_due(now: Instant, since: &mut Instant) {
 /// The virtio-crypto device backend for one frontend connection.
 pub struct CryptoBackend {
     queues: usize,
-    mem: RwLock<Option<GuestMemoryAtomic<GuestMemory_>>>,
+    mem: RwLock<Option<GuestMemoryAtomic<GuestMemoryMmap>>>,
     workers: Vec<Mutex<QueueWorker>>,
     /// Per queue: the library's ring, kept from the first event that
     /// reaches the queue's `process_vring` (the library makes one per queue
@@ -104,7 +107,7 @@ pub struct CryptoBackend {
     /// ring, which the queue's worker thread watches itself (event id
     /// [`CryptoBackend::kick_event_id`], registered by the daemon,
     /// `crate::daemon::serve_stream`); the library gets an eventfd of the
-    /// daemon's own (`crate::frontend_proxy::KickWatch`). Shared with the
+    /// daemon's own (`crate::proxy::KickWatch`). Shared with the
     /// worker as an `Arc` (loaded without a lock), so that a replacement
     /// never waits for a worker reading the old one, and the old one stays
     /// open while a worker reads it.
@@ -252,7 +255,7 @@ impl CryptoBackend {
     /// so far, on all queues. Only the first is logged: a frontend can make
     /// every one fail, e.g. by filling its call eventfd's counter (the
     /// write then fails with `EAGAIN`, the descriptor being non-blocking,
-    /// see [`crate::frontend_proxy::check_ring_eventfd`]).
+    /// see [`crate::eventfd::check_ring_eventfd`]).
     pub fn signal_failures(&self) -> u64 {
         self.signal_failures.load(Ordering::Relaxed)
     }
@@ -276,7 +279,7 @@ impl CryptoBackend {
         // Adaptive busy-polling: after the last request, keep looking at
         // the avail ring for `poll` before going back to sleeping on kicks,
         // so a busy guest's next requests are taken without a wake-up. While
-        // polling the worker asks the driver not to kick (queue.rs); when
+        // polling the worker asks the driver not to kick (`crate::worker`); when
         // polling ends it asks for kicks again and looks once more.
         //
         // While requests come the worker always polls: `process` returns
@@ -356,7 +359,7 @@ impl CryptoBackend {
                 q.set_next_used(next_used);
                 // At most one notification per batch, and none when the
                 // driver said it does not want one (used_event, or the
-                // NO_INTERRUPT flag; see queue.rs).
+                // NO_INTERRUPT flag; see `crate::worker`).
                 if r.notify {
                     if let Err(e) = state.signal_used_queue() {
                         // A frontend can make every one fail (a call
@@ -440,12 +443,12 @@ impl VhostUserBackend for CryptoBackend {
 
     fn set_event_idx(&self, enabled: bool) {
         // avail_event is kept current whatever the frontend says; used_event
-        // is honoured only when it acked EVENT_IDX (see queue.rs).
+        // is honoured only when it acked EVENT_IDX (see `crate::worker`).
         debug!("frontend says EVENT_IDX = {enabled}");
         self.event_idx.store(enabled, Ordering::Relaxed);
     }
 
-    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemory_>) -> io::Result<()> {
+    fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {
         if let Ok(mut m) = self.mem.write() {
             *m = Some(mem);
         }
@@ -530,7 +533,7 @@ impl VhostUserBackend for CryptoBackend {
             // the teardown kicks such a worker free, see
             // `EventFdCopies::wake_workers`.
             if let Some(k) = self.kick.get(thread_id).and_then(ArcSwapOption::load_full) {
-                if let Err(e) = crate::frontend_proxy::read_eventfd_nowait(k.as_raw_fd()) {
+                if let Err(e) = read_eventfd_nowait(k.as_raw_fd()) {
                     if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
                         let _ = (&*k).read(&mut [0u8; 8]);
                     }

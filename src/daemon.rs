@@ -4,7 +4,7 @@
 //!
 //! Per connection, `vhost-user-backend` serves the vhost-user protocol on a
 //! private socket whose other end is held by the frontend compatibility
-//! layer ([`crate::frontend_proxy`]), which talks to the real frontend.
+//! layer ([`crate::proxy`]), which talks to the real frontend.
 
 use std::fs::File;
 use std::io;
@@ -20,12 +20,14 @@ use std::time::{Duration, Instant};
 use log::{debug, error, info, warn};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{VhostUserDaemon, VringEpollHandler};
-use vm_memory::GuestMemoryAtomic;
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 
 use crate::backend::CryptoBackend;
-use crate::frontend_proxy::{self, AbiChoice, Closer, EventFdCopies, ProxyConfig};
-use crate::request::{GuestMemory_, RequestLimits};
+use crate::crypto::RequestLimits;
+use crate::eventfd::{probe_eventfd_check, EventFdCopies};
+use crate::memory_check::helper::use_memory_check_helper;
+use crate::proxy::{self, AbiChoice, Closer, KickWatch, ProxyConfig};
 use crate::seccomp::WorkerFilter;
 use crate::sessions::{session_set_with_ids, SessionIds};
 
@@ -47,7 +49,7 @@ pub struct Config {
     /// Whether queue workers run under the seccomp allow-list ([`crate::seccomp`]).
     pub seccomp: bool,
     /// Whether guest memory that cannot be sealed against shrinking is
-    /// refused ([`crate::frontend_proxy::ProxyConfig`]).
+    /// refused ([`crate::proxy::ProxyConfig`]).
     pub require_sealed_memory: bool,
 }
 
@@ -150,7 +152,7 @@ pub fn serve_stream(
     let mut daemon = VhostUserDaemon::new(
         "vhost-user-crypto".into(),
         backend.clone(),
-        GuestMemoryAtomic::new(GuestMemory_::default()),
+        GuestMemoryAtomic::new(GuestMemoryMmap::default()),
     )
     .map_err(|e| be(&e))?;
     // Each worker thread (one per queue) also listens on the backend's
@@ -190,7 +192,7 @@ pub fn serve_stream(
     };
     let mut copies = EventFdCopies::default();
     let closer = Closer::start().map_err(|e| be(&e))?;
-    match frontend_proxy::run(
+    match proxy::run(
         frontend,
         ours,
         registry,
@@ -249,7 +251,7 @@ pub fn serve_stream(
 /// watched by its queue's worker thread (in that thread's epoll, under
 /// [`CryptoBackend::kick_event_id`]; the worker reads it, see
 /// `CryptoBackend::handle_event`) instead of by vhost-user-backend, whose
-/// worker thread ends on a failed kick read (`frontend_proxy`'s module
+/// worker thread ends on a failed kick read (`proxy`'s module
 /// documentation).
 struct KickWatcher {
     /// The library's epoll handlers, one per worker thread (= queue).
@@ -257,7 +259,7 @@ struct KickWatcher {
     backend: Arc<CryptoBackend>,
 }
 
-impl frontend_proxy::KickWatch for KickWatcher {
+impl KickWatch for KickWatcher {
     fn set_kick(&mut self, index: usize, kick: Option<&File>) -> io::Result<()> {
         let Some(handler) = self.handlers.get(index) else {
             return Ok(());
@@ -324,8 +326,8 @@ fn worker_cpu_ticks() -> u64 {
 }
 
 /// Waits until `finished` says the connection's threads are joined, and
-/// until no more than [`frontend_proxy::MAX_PENDING_CLOSES`] frontend
-/// descriptors wait to be closed ([`frontend_proxy::pending_closes`];
+/// until no more than [`proxy::MAX_PENDING_CLOSES`] frontend
+/// descriptors wait to be closed ([`proxy::pending_closes`];
 /// fewer are left to their closer threads). After
 /// [`TEARDOWN_GRACE`] a thread of its own calls
 /// [`EventFdCopies::wake_workers`] every 20 ms, for a worker blocked on an
@@ -341,14 +343,14 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies, cap: Dur
     let mut copies = Some(copies);
     let (mut ticks, mut last_progress, mut last_look) = (worker_cpu_ticks(), start, start);
     let mut joined = false;
-    let mut last_pending = frontend_proxy::pending_closes();
+    let mut last_pending = proxy::pending_closes();
     loop {
         if !joined {
             match finished.recv_timeout(Duration::from_millis(20)) {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 _ => joined = true,
             }
-        } else if frontend_proxy::pending_closes() > frontend_proxy::MAX_PENDING_CLOSES {
+        } else if proxy::pending_closes() > proxy::MAX_PENDING_CLOSES {
             thread::sleep(Duration::from_millis(20));
         } else {
             break;
@@ -360,7 +362,7 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies, cap: Dur
                 (ticks, last_progress) = (now, last_look);
             }
             // Descriptors being closed count as progress too.
-            let pending = frontend_proxy::pending_closes();
+            let pending = proxy::pending_closes();
             if pending < last_pending {
                 last_progress = last_look;
             }
@@ -399,7 +401,7 @@ fn await_teardown(finished: &mpsc::Receiver<()>, copies: EventFdCopies, cap: Dur
 
 /// Raises the soft limit on open descriptors (`RLIMIT_NOFILE`) to the hard
 /// one, as far as it goes: the daemon holds a frontend's memory files and
-/// eventfds, and up to `frontend_proxy::MAX_PENDING_CLOSES` of its
+/// eventfds, and up to `proxy::MAX_PENDING_CLOSES` of its
 /// descriptors whose close the frontend made block; a full table would
 /// refuse the next frontend's (and make the kernel close descriptors it
 /// cannot install on the receiving thread). Best effort: a failure is
@@ -469,10 +471,10 @@ pub fn init_logging() {
 /// The frontend's eventfds cannot be checked here (no `/proc`), the
 /// seccomp filter does not work here, or binding the socket failed.
 pub fn run(config: &Config) -> Result<(), Error> {
-    frontend_proxy::probe_eventfd_check().map_err(Error::EventFdCheck)?;
+    probe_eventfd_check().map_err(Error::EventFdCheck)?;
     raise_descriptor_limit();
     // (This binary, also when its file was replaced or removed since.)
-    frontend_proxy::use_memory_check_helper("/proc/self/exe".into());
+    use_memory_check_helper("/proc/self/exe".into());
     let filter = if config.seccomp {
         let f = WorkerFilter::new()?;
         f.probe()?;

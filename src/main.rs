@@ -2,19 +2,19 @@
 //! `vhost-user-crypto`: see the library docs and README.
 
 use clap::Parser;
-use vhost_user_crypto::{args::Args, daemon, frontend_proxy};
+use vhost_user_crypto::{args::Args, daemon, memory_check::helper};
 
 fn main() {
     // The daemon runs its memory checks in a process of this binary.
     if std::env::args_os()
         .nth(1)
-        .is_some_and(|a| a == frontend_proxy::MEMORY_CHECK_HELPER_ARG)
+        .is_some_and(|a| a == helper::MEMORY_CHECK_HELPER_ARG)
     {
         let rest: Vec<String> = std::env::args_os()
             .skip(2)
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        std::process::exit(frontend_proxy::memory_check_helper_main(&rest));
+        std::process::exit(helper::memory_check_helper_main(&rest));
     }
     daemon::init_logging();
     let config = Args::parse().into();

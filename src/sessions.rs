@@ -4,7 +4,7 @@
 //! up in.
 //!
 //! Sessions belong to a connection (QEMU routes every session message of a
-//! device through one socket, protocol reference §1.2). The registry lives
+//! device through one socket, `docs/PROTOCOL.md` §2.4). The registry lives
 //! with the session-message handler; it validates a CREATE, expands the key
 //! once, and posts the session to every queue's table before the reply
 //! goes out. A queue worker locks its table once per batch (not per
@@ -43,9 +43,9 @@ use std::time::Duration;
 use algorithms::{AesCbcKey, Direction, MacAlg, MacKey};
 use log::{debug, warn};
 
-use crate::session_msg::SymSessionInfo;
-use crate::session_msg::MAX_AUTH_KEY_LEN;
-use crate::wire::{
+use crate::wire::session::SymSessionInfo;
+use crate::wire::session::MAX_AUTH_KEY_LEN;
+use crate::wire::virtio_crypto::{
     Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION, VIRTIO_CRYPTO_MAC_HMAC_SHA1,
     VIRTIO_CRYPTO_MAC_HMAC_SHA_256, VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT,
     VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH, VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
@@ -97,7 +97,7 @@ pub struct Session {
     /// CIPHER_THEN_HASH (MAC generated over the output), decrypt sessions
     /// HASH_THEN_CIPHER (MAC verified over the input), the two
     /// combinations drivers use and DPDK's vhost-crypto implements
-    /// (`lib/vhost/vhost_crypto.c`, protocol reference §5.7).
+    /// (`lib/vhost/vhost_crypto.c`, `docs/PROTOCOL.md` §9).
     pub mac: Option<MacKey>,
 }
 
@@ -107,11 +107,11 @@ pub struct Session {
 /// connections either. After a frontend reconnects (QEMU's `reconnect`
 /// chardev option) the guest driver still holds the ids the previous
 /// connection gave it (it puts the CREATE reply's value in every request,
-/// protocol reference §1.2) and may send requests naming them; with ids
+/// `docs/PROTOCOL.md` §2.2) and may send requests naming them; with ids
 /// starting again at 1 per connection, such a request would run under
 /// whichever new session got the same id, that is under another
 /// session's key. Here it gets INVSESS. (DPDK's vhost-crypto counts from 1
-/// per device, protocol reference §1.5.)
+/// per device, `docs/PROTOCOL.md` §9.)
 pub type SessionIds = Arc<AtomicU64>;
 
 /// Per-connection session registry (the session-message side).

@@ -14,8 +14,8 @@ use common::*;
 use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;
 use openssl::sign::Signer;
-use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::{AlgChainPara, OpDataReq};
+use vhost_user_crypto::wire::session::SymSessionInfo;
+use vhost_user_crypto::wire::virtio_crypto::{AlgChainPara, OpDataReq};
 
 const DIGEST: u64 = 0x15000;
 const DIGEST_AREA: usize = 0x100;

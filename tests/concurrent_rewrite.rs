@@ -52,12 +52,13 @@ use common::*;
 use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;
 use openssl::sign::Signer;
-use vhost_user_crypto::request::{
-    map_contiguous, prepare, run_lanes, ChainWalker, Completion, Desc, Prepared, RequestLimits, DESC_SIZE,
-    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+use vhost_user_crypto::crypto::{prepare, run_lanes, Completion, Prepared, RequestLimits};
+use vhost_user_crypto::virtq::descriptor::{
+    ChainWalker, Desc, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
-use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::{offsets, AlgChainPara, OpDataReq, Status};
+use vhost_user_crypto::virtq::map_contiguous;
+use vhost_user_crypto::wire::session::SymSessionInfo;
+use vhost_user_crypto::wire::virtio_crypto::{offsets, AlgChainPara, OpDataReq, Status};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const MEM: usize = 4 << 20;

@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use openssl::symm::{Cipher, Crypter, Mode};
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig, Used};
-use vhost_user_crypto::frontend_proxy::EVENTFD_COPIES_PER_RING;
-use vhost_user_crypto::request::Desc;
-use vhost_user_crypto::session_msg::{close_request, create_request, SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::eventfd::EVENTFD_COPIES_PER_RING;
+use vhost_user_crypto::virtq::descriptor::Desc;
+use vhost_user_crypto::wire::session::{close_request, create_request, SessionAbi, SymSessionInfo};
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 

@@ -11,14 +11,16 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use vhost_user_crypto::frontend_proxy::{handle_create, AbiChoice};
-use vhost_user_crypto::queue::{QueueWorker, RingAddrs};
-use vhost_user_crypto::request::{
-    Desc, RequestLimits, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
-use vhost_user_crypto::session_msg::{encode_create, SessionAbi};
+use vhost_user_crypto::crypto::RequestLimits;
+use vhost_user_crypto::proxy::{handle_create, AbiChoice};
 use vhost_user_crypto::sessions::session_set;
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::virtq::descriptor::{
+    Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use vhost_user_crypto::virtq::ring::RingAddrs;
+use vhost_user_crypto::wire::session::{encode_create, SessionAbi};
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
+use vhost_user_crypto::worker::QueueWorker;
 
 /// Wild addresses for zero-length descriptors (never translated).
 const WILD: [u64; 4] = [

@@ -24,7 +24,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::*;
-use vhost_user_crypto::queue::{QueueWorker, RingAddrs};
+use vhost_user_crypto::virtq::ring::RingAddrs;
+use vhost_user_crypto::worker::QueueWorker;
 use vm_memory::GuestMemoryMmap;
 
 /// Forwards to the system allocator and counts the calls made by a thread

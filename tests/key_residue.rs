@@ -40,8 +40,8 @@ use openssl::pkey::PKey;
 use openssl::sign::Signer;
 use openssl::symm::{Cipher, Crypter, Mode};
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
-use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::{AlgChainPara, OpDataReq};
+use vhost_user_crypto::wire::session::{SessionAbi, SymSessionInfo};
+use vhost_user_crypto::wire::virtio_crypto::{AlgChainPara, OpDataReq};
 
 /// The sessions of the test, one of each kind the data path has: the
 /// multi-buffer lanes (encrypt), the single-stream decrypt, and both

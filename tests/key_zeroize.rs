@@ -20,11 +20,12 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use vhost_user_crypto::frontend_proxy::{self, AbiChoice, ProxyConfig};
-use vhost_user_crypto::session_msg::{
+use vhost_user_crypto::proxy;
+use vhost_user_crypto::proxy::{AbiChoice, ProxyConfig};
+use vhost_user_crypto::sessions::session_set;
+use vhost_user_crypto::wire::session::{
     close_request, create_request, reply_session_id, SessionAbi, SymSessionInfo,
 };
-use vhost_user_crypto::sessions::session_set;
 
 /// The tests share the block table and counters: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -227,7 +228,7 @@ fn closed_sessions_leave_no_key_on_the_heap() {
 }
 
 /// A CREATE (layout C, the AES-128 key) and a CLOSE through the session
-/// message channel (`frontend_proxy::run` on this thread, between two
+/// message channel (`proxy::run` on this thread, between two
 /// socket pairs): the received payload, the reply and everything else the
 /// channel allocated hold no key once the connection is over.
 #[test]
@@ -252,7 +253,7 @@ fn session_messages_leave_no_key_on_the_heap() {
         num_queues: 1,
         require_sealed_memory: false,
     };
-    frontend_proxy::run(
+    proxy::run(
         front_peer,
         lib_peer,
         registry,
@@ -260,7 +261,7 @@ fn session_messages_leave_no_key_on_the_heap() {
         &mut Default::default(),
         None,
         Default::default(),
-        &frontend_proxy::Closer::start().unwrap(),
+        &proxy::Closer::start().unwrap(),
     )
     .unwrap();
     let live = live_blocks_with_key();

@@ -14,7 +14,7 @@ use std::time::Duration;
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, ReplayOptions};
 use vhost_crypto_replay::trace::{hex, Trace};
-use vhost_user_crypto::session_msg::SessionAbi;
+use vhost_user_crypto::wire::session::SessionAbi;
 
 #[path = "common/daemon.rs"]
 mod daemon;

@@ -9,7 +9,8 @@
 mod common;
 
 use common::*;
-use vhost_user_crypto::queue::{vring_need_event, RingAddrs, MAX_BATCH};
+use vhost_user_crypto::virtq::ring::{vring_need_event, RingAddrs};
+use vhost_user_crypto::worker::MAX_BATCH;
 
 /// Pushes `n` baseline encrypt requests (indirect tables, all on the
 /// same buffers) without processing them.

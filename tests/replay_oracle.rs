@@ -22,8 +22,8 @@ use vhost_crypto_replay::guest_mem::GuestMem;
 use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
 use vhost_crypto_replay::soak::{soak, Layouts, SoakOptions, SoakReport};
 use vhost_crypto_replay::trace::Trace;
-use vhost_user_crypto::session_msg::{create_reply, decode_create, SessionAbi};
-use vhost_user_crypto::wire::{
+use vhost_user_crypto::wire::session::{create_reply, decode_create, SessionAbi};
+use vhost_user_crypto::wire::virtio_crypto::{
     AlgChainPara, OpDataReq, VIRTIO_CRYPTO_MAC_HMAC_SHA1, VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING,
 };
 use vmm_sys_util::eventfd::EventFd;

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use vhost_crypto_replay::frontend::CryptoFrontend;
 use vhost_user_crypto::seccomp::WorkerFilter;
-use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::wire::session::SymSessionInfo;
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 use vm_memory::{Bytes, FileOffset, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};

@@ -26,7 +26,7 @@ use common::oracle;
 use daemon::spawn_daemon;
 use vhost_crypto_replay::frontend::CryptoFrontend;
 use vhost_crypto_replay::soak::{soak, Checked, Layouts, SoakOptions, SoakReport, DST_CANARY};
-use vhost_user_crypto::session_msg::SessionAbi;
+use vhost_user_crypto::wire::session::SessionAbi;
 
 fn run(
     sock: &std::path::Path,

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
-use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::wire::session::{SessionAbi, SymSessionInfo};
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 
 const KEY: [u8; 16] = [
     0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6, 0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c,
@@ -267,7 +267,7 @@ fn ring_restarted_with_kicks_suppressed_is_not_stalled() {
 }
 
 /// Without /proc the daemon cannot tell an eventfd from a pipe (see
-/// `frontend_proxy::check_ring_eventfd`): it says so and exits with status
+/// `eventfd::check_ring_eventfd`): it says so and exits with status
 /// 1 at start-up, instead of listening and then dropping every frontend at
 /// its first SET_VRING_KICK (found by a fresh reviewer). Needs a private
 /// mount namespace (`unshare -m`, root); skipped, with a note, where that

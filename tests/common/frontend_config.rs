@@ -2,7 +2,7 @@
 //! Replay-tool frontend configurations the socket tests share.
 
 use vhost_crypto_replay::frontend::{DescMode, FrontendConfig};
-use vhost_user_crypto::session_msg::SessionAbi;
+use vhost_user_crypto::wire::session::SessionAbi;
 
 /// One queue of `queue_size` entries, `queue_depth` requests of up to 64
 /// bytes in flight, layout C, indirect tables.

@@ -24,13 +24,15 @@
 //!   `tests/fuzz_corpus.rs` OpenSSL, which shares no code with the daemon.
 
 use algorithms::Direction;
-use vhost_user_crypto::queue::{BatchResult, QueueWorker, RingAddrs};
-use vhost_user_crypto::request::{
-    Desc, RequestLimits, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
-use vhost_user_crypto::session_msg::SymSessionInfo;
+use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::{session_set, SessionRegistry};
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::virtq::descriptor::{
+    Desc, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+};
+use vhost_user_crypto::virtq::ring::RingAddrs;
+use vhost_user_crypto::wire::session::SymSessionInfo;
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
+use vhost_user_crypto::worker::{BatchResult, QueueWorker};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::alloc;

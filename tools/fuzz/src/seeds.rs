@@ -5,7 +5,7 @@
 //! holds exactly `encode()` of each (and rewrites them with
 //! `FUZZ_CORPUS_REGEN=1`).
 
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 
 use super::queue::{
     Addr, Gap, QOp, QueueProgram, RegionSpec, RequestSpec, RingPlace, SessionSpec, REGION0_SIZE,

@@ -9,7 +9,7 @@
 //! ids, or raw bytes of any length).
 //!
 //! Each message goes through `SessionAbi::detect`, `decode_create` /
-//! `decode_close` and `frontend_proxy::handle_create` /
+//! `decode_close` and `proxy::handle_create` /
 //! `SessionRegistry::close`, and is checked against a model written from
 //! the protocol reference (§1.3 offsets, §1.7 layout detection) and the
 //! documented registry policy: the whole reply message byte for byte (id
@@ -21,9 +21,9 @@
 use std::collections::BTreeMap;
 
 use algorithms::Direction;
-use vhost_user_crypto::frontend_proxy::{handle_create, AbiChoice};
-use vhost_user_crypto::session_msg::{decode_close, decode_create, encode_create, SessionAbi};
+use vhost_user_crypto::proxy::{handle_create, AbiChoice};
 use vhost_user_crypto::sessions::session_set;
+use vhost_user_crypto::wire::session::{decode_close, decode_create, encode_create, SessionAbi};
 
 use super::reader::{Reader, Writer};
 

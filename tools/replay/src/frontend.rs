@@ -7,7 +7,7 @@
 //! The vhost-user protocol itself goes through rust-vmm `vhost`'s
 //! [`Frontend`]; the crypto session messages, which it does not know, are
 //! written on a clone of the same socket with the daemon's
-//! `session_msg` module (messages are strictly sequential, so the two never
+//! `wire::session` module (messages are strictly sequential, so the two never
 //! interleave).
 //!
 //! # DPDK 22.11 (`--dpdk`)
@@ -66,11 +66,13 @@ use std::time::Duration;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
-use vhost_user_crypto::request::{Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vhost_user_crypto::session_msg::{
-    close_request, create_request, decode_header, reply_session_id, SessionAbi, SymSessionInfo,
-    VHOST_USER_CREATE_CRYPTO_SESSION, VHOST_USER_HDR_SIZE, VHOST_USER_MAX_PAYLOAD,
+use vhost_user_crypto::virtq::descriptor::{
+    Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
+use vhost_user_crypto::wire::session::{
+    close_request, create_request, reply_session_id, SessionAbi, SymSessionInfo,
+};
+use vhost_user_crypto::wire::vhost_user::{FrontendReq, Header, HDR_SIZE, MAX_PAYLOAD, REPLY, VERSION_1};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::guest_mem::GuestMem;
@@ -1194,12 +1196,19 @@ impl CryptoFrontend {
     pub fn create_session(&mut self, info: &SymSessionInfo) -> Result<i64, Error> {
         let msg = create_request(self.abi, info);
         self.sock.write_all(&msg)?;
-        let mut hdr = [0u8; VHOST_USER_HDR_SIZE];
+        let mut hdr = [0u8; HDR_SIZE];
         let late = read_error(&self.sock, "CREATE_CRYPTO_SESSION");
         (&self.sock).read_exact(&mut hdr).map_err(late)?;
-        let (req, flags, size) = decode_header(&hdr);
+        let Header {
+            request: req,
+            flags,
+            size,
+        } = Header::from_bytes(&hdr);
         let size = size as usize;
-        if req != VHOST_USER_CREATE_CRYPTO_SESSION || flags != 0x5 || size > VHOST_USER_MAX_PAYLOAD {
+        if req != u32::from(FrontendReq::CREATE_CRYPTO_SESSION)
+            || flags != VERSION_1 | REPLY
+            || size > MAX_PAYLOAD
+        {
             return Err(Error::BadReply(format!(
                 "request {req} flags {flags:#x} size {size}"
             )));
@@ -1257,14 +1266,14 @@ impl CryptoFrontend {
     /// # Errors
     /// Socket failures or a payload over 4096 bytes.
     pub fn recv_raw_reply(&mut self) -> Result<Vec<u8>, Error> {
-        let mut msg = vec![0u8; VHOST_USER_HDR_SIZE];
+        let mut msg = vec![0u8; HDR_SIZE];
         self.sock.read_exact(&mut msg)?;
-        let (_, _, size) = decode_header(msg[..VHOST_USER_HDR_SIZE].try_into().unwrap_or(&[0; 12]));
-        if size as usize > VHOST_USER_MAX_PAYLOAD {
+        let size = Header::from_bytes(msg[..HDR_SIZE].try_into().unwrap_or(&[0; HDR_SIZE])).size;
+        if size as usize > MAX_PAYLOAD {
             return Err(Error::BadReply(format!("size {size}")));
         }
-        msg.resize(VHOST_USER_HDR_SIZE + size as usize, 0);
-        self.sock.read_exact(&mut msg[VHOST_USER_HDR_SIZE..])?;
+        msg.resize(HDR_SIZE + size as usize, 0);
+        self.sock.read_exact(&mut msg[HDR_SIZE..])?;
         Ok(msg)
     }
 

@@ -166,7 +166,7 @@ impl GuestMem {
     /// most [`PREFETCH_MAX`] bytes; a hint only).
     pub fn prefetch(&self, gpa: u64, len: usize) {
         for line in self.lines(gpa, len) {
-            vhost_user_crypto::request::prefetch_read(line as *const u8);
+            vhost_user_crypto::crypto::prefetch_read(line as *const u8);
         }
     }
 
@@ -174,7 +174,7 @@ impl GuestMem {
     /// writing (`PREFETCHW`; at most [`PREFETCH_MAX`] bytes; a hint only).
     pub fn prefetch_write(&self, gpa: u64, len: usize) {
         for line in self.lines(gpa, len) {
-            vhost_user_crypto::request::prefetch_write(line as *mut u8);
+            vhost_user_crypto::crypto::prefetch_write(line as *mut u8);
         }
     }
 
@@ -182,14 +182,14 @@ impl GuestMem {
     /// without the line loop.
     pub fn prefetch_byte(&self, gpa: u64) {
         let off = self.check(gpa, 1);
-        vhost_user_crypto::request::prefetch_read(self.ptr.wrapping_add(off));
+        vhost_user_crypto::crypto::prefetch_read(self.ptr.wrapping_add(off));
     }
 
     /// [`GuestMem::prefetch_write`] of the one byte at `gpa`: its cache
     /// line, without the line loop.
     pub fn prefetch_write_byte(&self, gpa: u64) {
         let off = self.check(gpa, 1);
-        vhost_user_crypto::request::prefetch_write(self.ptr.wrapping_add(off));
+        vhost_user_crypto::crypto::prefetch_write(self.ptr.wrapping_add(off));
     }
 
     /// Host addresses of the cache lines the `len` bytes at `gpa` touch
@@ -261,7 +261,7 @@ pub const PREFETCH_MAX: usize = 1024;
 /// bytes; `PREFETCHT0`, a hint that never faults).
 pub fn prefetch(bytes: &[u8]) {
     for line in line_starts(bytes.as_ptr() as usize, bytes.len()) {
-        vhost_user_crypto::request::prefetch_read(line as *const u8);
+        vhost_user_crypto::crypto::prefetch_read(line as *const u8);
     }
 }
 

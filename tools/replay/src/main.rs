@@ -16,7 +16,7 @@ use vhost_crypto_replay::replay::{compare_outcomes, replay, Comparison, ReplayOp
 use vhost_crypto_replay::soak::{soak, Layouts, SoakOptions};
 use vhost_crypto_replay::spawn::SpawnedDaemon;
 use vhost_crypto_replay::trace::{Step, Trace};
-use vhost_user_crypto::session_msg::SessionAbi;
+use vhost_user_crypto::wire::session::SessionAbi;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum AbiArg {

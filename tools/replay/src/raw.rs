@@ -32,8 +32,8 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vhost_user_crypto::request::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vhost_user_crypto::wire::OpDataReq;
+use vhost_user_crypto::virtq::descriptor::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 
 use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
 use crate::replay::{DST_CANARY, STATUS_CANARY};

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use vhost_user_crypto::session_msg::SymSessionInfo;
-use vhost_user_crypto::wire::{AlgChainPara, OpDataReq, OP_DATA_REQ_SIZE};
+use vhost_user_crypto::wire::session::SymSessionInfo;
+use vhost_user_crypto::wire::virtio_crypto::{AlgChainPara, OpDataReq, OP_DATA_REQ_SIZE};
 
 use crate::frontend::{CryptoFrontend, Error, SlotLayout, Used, DIGEST_AREA};
 use crate::guest_mem::GuestMem;

@@ -36,9 +36,9 @@ use std::time::{Duration, Instant};
 use algorithms::Direction;
 use clap::ValueEnum;
 use serde::Serialize;
-use vhost_user_crypto::request::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vhost_user_crypto::session_msg::{SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::{OpDataReq, OP_DATA_REQ_SIZE};
+use vhost_user_crypto::virtq::descriptor::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vhost_user_crypto::wire::session::{SessionAbi, SymSessionInfo};
+use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, OP_DATA_REQ_SIZE};
 use zeroize::Zeroizing;
 
 use crate::frontend::{

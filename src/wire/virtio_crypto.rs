@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! virtio-crypto wire constants and the data-request header.
+//! virtio-crypto constants and the data-request header.
 //!
 //! Values are from the VIRTIO 1.2 specification §5.9 ("Crypto Device") and
 //! Linux `include/uapi/linux/virtio_crypto.h`; the header layout is the
-//! padded (non-REVISION_1) form that QEMU and Linux use, see the protocol
-//! reference `virtio-crypto-protocol.md` §3.
+//! padded (non-REVISION_1) form that QEMU and Linux use
+//! (`docs/PROTOCOL.md` §5.1). `virtio-bindings` has no virtio-crypto
+//! module, so these are defined here, once, and pinned to the spec's
+//! literal values by the tests below.
 
-/// Builds an opcode from a service and an operation (spec §5.9.7.1,
+/// Builds an opcode from a service and an operation (spec §5.9.7.2,
 /// `VIRTIO_CRYPTO_OPCODE(service, op)`).
 pub const fn virtio_crypto_opcode(service: u32, op: u32) -> u32 {
     (service << 8) | op
@@ -24,7 +26,7 @@ pub const VIRTIO_CRYPTO_CIPHER_CREATE_SESSION: u32 = virtio_crypto_opcode(VIRTIO
 /// Control opcode: create an asymmetric-cipher session (0x0404).
 pub const VIRTIO_CRYPTO_AKCIPHER_CREATE_SESSION: u32 = virtio_crypto_opcode(4, 4);
 
-/// Cipher algorithm: AES-CBC (spec §5.9.5, `VIRTIO_CRYPTO_CIPHER_AES_CBC`).
+/// Cipher algorithm: AES-CBC (spec §5.9.4.1, `VIRTIO_CRYPTO_CIPHER_AES_CBC`).
 pub const VIRTIO_CRYPTO_CIPHER_AES_CBC: u32 = 3;
 
 /// Session direction: encrypt (`VIRTIO_CRYPTO_OP_ENCRYPT`).
@@ -53,7 +55,7 @@ pub const VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER: u8 = 1;
 /// (`VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH`).
 pub const VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH: u8 = 2;
 
-/// MAC algorithm: HMAC-SHA1 (spec §5.9.5, `VIRTIO_CRYPTO_MAC_HMAC_SHA1`).
+/// MAC algorithm: HMAC-SHA1 (spec §5.9.4.3, `VIRTIO_CRYPTO_MAC_HMAC_SHA1`).
 pub const VIRTIO_CRYPTO_MAC_HMAC_SHA1: u32 = 2;
 /// MAC algorithm: HMAC-SHA-256 (`VIRTIO_CRYPTO_MAC_HMAC_SHA_256`).
 pub const VIRTIO_CRYPTO_MAC_HMAC_SHA_256: u32 = 4;
@@ -76,10 +78,10 @@ pub enum Status {
     NoSpc = 5,
 }
 
-/// Size of `virtio_crypto_op_data_req` in bytes (spec §5.9.7.1).
+/// Size of `virtio_crypto_op_data_req` in bytes (spec §5.9.7.3).
 pub const OP_DATA_REQ_SIZE: usize = 72;
 
-/// Byte offsets inside `virtio_crypto_op_data_req` (protocol reference §3.2).
+/// Byte offsets inside `virtio_crypto_op_data_req` (`docs/PROTOCOL.md` §5.1, §5.2).
 pub mod offsets {
     /// `header.opcode` (le32).
     pub const OPCODE: usize = 0;
@@ -165,8 +167,8 @@ impl OpDataReq {
 }
 
 /// The algorithm-chaining fields of a data request header
-/// (`virtio_crypto_alg_chain_data_para`, spec §5.9.7.2.1, protocol
-/// reference §3.2), decoded from a local 72-byte copy. They sit where a
+/// (`virtio_crypto_alg_chain_data_para`, spec §5.9.7.6,
+/// `docs/PROTOCOL.md` §5.2), decoded from a local 72-byte copy. They sit where a
 /// plain cipher request has zero padding; `iv_len`, `src_data_len` and
 /// `dst_data_len` are shared with [`OpDataReq`]. All offsets and lengths
 /// are in bytes, offsets relative to the start of src.
@@ -228,8 +230,52 @@ mod tests {
     }
 
     #[test]
+    fn status_values_match_the_spec_table() {
+        // VIRTIO 1.2 §5.9.7.1, `VIRTIO_CRYPTO_OK` .. `VIRTIO_CRYPTO_NOSPC`.
+        let pairs = [
+            (Status::Ok, 0u8),
+            (Status::Err, 1),
+            (Status::BadMsg, 2),
+            (Status::NotSupp, 3),
+            (Status::InvSess, 4),
+            (Status::NoSpc, 5),
+        ];
+        for (status, literal) in pairs {
+            assert_eq!(status as u8, literal, "{status:?}");
+        }
+    }
+
+    #[test]
+    fn algorithm_and_session_values_match_the_spec() {
+        // VIRTIO 1.2 §5.9.4.1, §5.9.4.3 (cipher and MAC algorithms) and §5.9.7.2.1
+        // (op_type, direction, hash mode, chaining order).
+        assert_eq!(VIRTIO_CRYPTO_CIPHER_AES_CBC, 3);
+        assert_eq!(VIRTIO_CRYPTO_MAC_HMAC_SHA1, 2);
+        assert_eq!(VIRTIO_CRYPTO_MAC_HMAC_SHA_256, 4);
+        assert_eq!((VIRTIO_CRYPTO_SYM_OP_NONE, VIRTIO_CRYPTO_SYM_OP_CIPHER), (0, 1));
+        assert_eq!((VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_OP_DECRYPT), (1, 2));
+        assert_eq!(
+            (
+                VIRTIO_CRYPTO_SYM_HASH_MODE_PLAIN,
+                VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH,
+                VIRTIO_CRYPTO_SYM_HASH_MODE_NESTED
+            ),
+            (1, 2, 3)
+        );
+        assert_eq!(
+            (
+                VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
+                VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH
+            ),
+            (1, 2)
+        );
+        assert_eq!(OP_DATA_REQ_SIZE, 72);
+    }
+
+    #[test]
     fn header_fields_at_reference_offsets() {
-        // Fixture laid out by hand from the protocol reference §3.2 table.
+        // Fixture laid out by hand from the table of VIRTIO 1.2 §5.9.7.3
+        // (`docs/PROTOCOL.md` §5.1).
         let mut b = [0u8; 72];
         b[0] = 0x01; // opcode = DECRYPT
         b[4] = 0x03; // algo
@@ -255,8 +301,9 @@ mod tests {
     }
 
     #[test]
-    fn chain_fields_at_reference_offsets() {
-        // Offsets 36..60 from the protocol reference §3.2 table.
+    fn alg_chain_fields_at_spec_offsets() {
+        // Offsets 36..60 of `virtio_crypto_alg_chain_data_para` after the
+        // 24-byte header (`docs/PROTOCOL.md` §5.2).
         let mut b = [0u8; 72];
         for (i, off) in [36, 40, 44, 48, 52, 56].into_iter().enumerate() {
             b[off] = 0x10 + i as u8;

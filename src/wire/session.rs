@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! vhost-user crypto session messages: `VHOST_USER_CREATE_CRYPTO_SESSION`
-//! (26) and `VHOST_USER_CLOSE_CRYPTO_SESSION` (27).
+//! The payloads of the vhost-user crypto session messages:
+//! `CREATE_CRYPTO_SESSION` (26) and `CLOSE_CRYPTO_SESSION` (27).
 //!
 //! QEMU's `docs/interop/vhost-user.rst` names the messages but leaves the
 //! payload to QEMU's C struct `VhostUserCryptoSession`
-//! (`hw/virtio/vhost-user.c`), which has had three byte layouts (protocol
-//! reference `virtio-crypto-protocol.md` §1.3):
+//! (`hw/virtio/vhost-user.c`), which has had three byte layouts
+//! (`docs/PROTOCOL.md` §3):
 //!
 //! | layout | frontends | size | `session_id` at | sym fields at |
 //! |---|---|---|---|---|
@@ -15,30 +15,17 @@
 //!
 //! The two host-pointer fields QEMU copies into the payload are QEMU's own
 //! virtual addresses and are ignored; keys come from the inline arrays.
-//! This module is shared by the daemon and by the replay tool (frontend).
+//! The daemon decodes CREATE and builds its reply; frontends (the replay
+//! tool, the tests) encode CREATE and CLOSE with the same definitions,
+//! which the tests below pin to byte offsets laid out by hand.
 
 use std::fmt;
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::wire::{
+use crate::wire::vhost_user::{self, FrontendReq, Header, HDR_SIZE, REPLY, VERSION_1};
+use crate::wire::virtio_crypto::{
     VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION, VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
-
-/// `VHOST_USER_CREATE_CRYPTO_SESSION` (QEMU `hw/virtio/vhost-user.c`,
-/// DPDK `lib/vhost/vhost_user.h`).
-pub const VHOST_USER_CREATE_CRYPTO_SESSION: u32 = 26;
-/// `VHOST_USER_CLOSE_CRYPTO_SESSION`.
-pub const VHOST_USER_CLOSE_CRYPTO_SESSION: u32 = 27;
-/// Size of the vhost-user message header: request, flags, size (u32 each).
-pub const VHOST_USER_HDR_SIZE: usize = 12;
-/// Header flags: protocol version 1 in bits 0–1.
-pub const VHOST_USER_VERSION: u32 = 0x1;
-/// Header flags: this message is a reply.
-pub const VHOST_USER_REPLY_MASK: u32 = 0x4;
-/// Header flags: the sender wants a REPLY_ACK.
-pub const VHOST_USER_NEED_REPLY_MASK: u32 = 0x8;
-/// Largest payload rust-vmm `vhost` accepts (`MAX_MSG_SIZE`, 4096).
-pub const VHOST_USER_MAX_PAYLOAD: usize = 4096;
 
 /// Payload size of layouts A and B.
 pub const SESSION_SIZE_AB: usize = 632;
@@ -86,7 +73,7 @@ impl SessionAbi {
     }
 
     /// Detects the layout of a CREATE payload from its size and content
-    /// (protocol reference §1.7): 1072 bytes is C; at 632 bytes, A holds
+    /// (`docs/PROTOCOL.md` §3.4): 1072 bytes is C; at 632 bytes, A holds
     /// `op_code` = CIPHER_CREATE_SESSION (2) at 8 and `cipher_alg` (≤ 14)
     /// at 12, where B holds `cipher_alg` at 8 and `key_len` (16/24/32 for
     /// AES) at 12. `None` for any other size.
@@ -319,14 +306,17 @@ pub fn encode_create(abi: SessionAbi, info: &SymSessionInfo) -> Vec<u8> {
 /// (`vhost_user_crypto_create_session`). For a payload of unknown size
 /// (`abi` = `None`) the id goes at offset 0 when it fits.
 pub fn create_reply(request: &[u8], abi: Option<SessionAbi>, session_id: i64) -> Zeroizing<Vec<u8>> {
-    let mut msg = Zeroizing::new(Vec::with_capacity(VHOST_USER_HDR_SIZE + request.len()));
-    msg.extend_from_slice(&encode_header(
-        VHOST_USER_CREATE_CRYPTO_SESSION,
-        VHOST_USER_VERSION | VHOST_USER_REPLY_MASK,
-        request.len() as u32,
-    ));
+    let mut msg = Zeroizing::new(Vec::with_capacity(HDR_SIZE + request.len()));
+    msg.extend_from_slice(
+        &Header::new(
+            FrontendReq::CREATE_CRYPTO_SESSION,
+            VERSION_1 | REPLY,
+            request.len() as u32,
+        )
+        .to_bytes(),
+    );
     msg.extend_from_slice(request);
-    let p = &mut msg[VHOST_USER_HDR_SIZE..];
+    let p = &mut msg[HDR_SIZE..];
     let len = p.len();
     for range in [
         KEY_OFFSET..KEY_OFFSET + MAX_CIPHER_KEY_LEN,
@@ -361,56 +351,33 @@ pub fn decode_close(payload: &[u8]) -> Result<u64, SessionMsgError> {
     Ok(u64::from_le_bytes(b))
 }
 
-/// Encodes a vhost-user header.
-pub fn encode_header(request: u32, flags: u32, size: u32) -> [u8; VHOST_USER_HDR_SIZE] {
-    let mut h = [0u8; VHOST_USER_HDR_SIZE];
-    h[0..4].copy_from_slice(&request.to_le_bytes());
-    h[4..8].copy_from_slice(&flags.to_le_bytes());
-    h[8..12].copy_from_slice(&size.to_le_bytes());
-    h
-}
-
-/// Decodes a vhost-user header into (request, flags, size).
-pub fn decode_header(h: &[u8; VHOST_USER_HDR_SIZE]) -> (u32, u32, u32) {
-    (le32(h, 0), le32(h, 4), le32(h, 8))
-}
-
 /// Builds a whole frontend CREATE message (header flags = version 1, no
 /// NEED_REPLY, as QEMU sends it).
 pub fn create_request(abi: SessionAbi, info: &SymSessionInfo) -> Zeroizing<Vec<u8>> {
     let payload = Zeroizing::new(encode_create(abi, info));
-    let mut msg = Vec::with_capacity(VHOST_USER_HDR_SIZE + payload.len());
-    msg.extend_from_slice(&encode_header(
-        VHOST_USER_CREATE_CRYPTO_SESSION,
-        VHOST_USER_VERSION,
-        payload.len() as u32,
-    ));
-    msg.extend_from_slice(&payload);
-    Zeroizing::new(msg)
+    Zeroizing::new(vhost_user::message(
+        FrontendReq::CREATE_CRYPTO_SESSION,
+        VERSION_1,
+        &payload,
+    ))
 }
 
 /// Builds a whole frontend CLOSE message (flags = version 1, size 8).
-pub fn close_request(session_id: u64) -> [u8; VHOST_USER_HDR_SIZE + 8] {
-    let mut m = [0u8; VHOST_USER_HDR_SIZE + 8];
-    m[..VHOST_USER_HDR_SIZE].copy_from_slice(&encode_header(
-        VHOST_USER_CLOSE_CRYPTO_SESSION,
-        VHOST_USER_VERSION,
-        8,
-    ));
-    m[VHOST_USER_HDR_SIZE..].copy_from_slice(&session_id.to_le_bytes());
-    m
+pub fn close_request(session_id: u64) -> [u8; HDR_SIZE + 8] {
+    vhost_user::u64_message(FrontendReq::CLOSE_CRYPTO_SESSION, VERSION_1, session_id)
 }
 
 #[cfg(test)]
 mod tests {
-    //! Fixtures are laid out byte by byte from the tables of the protocol
-    //! reference §1.3, not produced by `encode_create`.
+    //! Fixtures are laid out byte by byte from the tables of
+    //! `docs/PROTOCOL.md` §3 (QEMU's `VhostUserCryptoSession` as each QEMU
+    //! version lays it out), not produced by `encode_create`.
     use super::*;
 
     #[test]
     fn aes_cbc_session_fields_are_the_spec_values() {
         // cipher_alg VIRTIO_CRYPTO_CIPHER_AES_CBC = 3, op_type
-        // VIRTIO_CRYPTO_SYM_OP_CIPHER = 1 (virtio 1.2 §5.9.5, §5.9.7.2.1).
+        // VIRTIO_CRYPTO_SYM_OP_CIPHER = 1 (VIRTIO 1.2 §5.9.4.1, §5.9.7.2.1).
         let i = SymSessionInfo::aes_cbc(&[7; 16], 2);
         assert_eq!((i.cipher_alg, i.op_type, i.direction, i.key_len), (3, 1, 2, 16));
         assert_eq!(i.cipher_key(), Some(&[7u8; 16][..]));
@@ -465,6 +432,20 @@ mod tests {
     }
 
     #[test]
+    fn layout_sizes_and_offsets_match_qemu() {
+        // `sizeof(VhostUserCryptoSession)` and the offset of its int64
+        // session_id in QEMU's hw/virtio/vhost-user.c, for each layout
+        // (docs/PROTOCOL.md §3.1-§3.3); the key arrays at 56 and 120 in all.
+        let got: Vec<(usize, usize)> = [SessionAbi::A, SessionAbi::B, SessionAbi::C]
+            .iter()
+            .map(|a| (a.size(), a.session_id_offset()))
+            .collect();
+        assert_eq!(got, [(632, 0), (632, 0), (1072, 1064)]);
+        assert_eq!((KEY_OFFSET, AUTH_KEY_OFFSET), (56, 120));
+        assert_eq!((MAX_CIPHER_KEY_LEN, MAX_AUTH_KEY_LEN), (64, 512));
+    }
+
+    #[test]
     fn detects_all_three_layouts() {
         assert_eq!(SessionAbi::detect(&fixture_a()), Some(SessionAbi::A));
         assert_eq!(SessionAbi::detect(&fixture_b()), Some(SessionAbi::B));
@@ -493,7 +474,7 @@ mod tests {
     #[test]
     fn decodes_chaining_fields_at_reference_offsets() {
         // AES-CBC + HMAC-SHA1 (2), digest 12, 20-byte auth key, hash_mode
-        // AUTH (2), CIPHER_THEN_HASH (2): offsets from the §1.3 tables.
+        // AUTH (2), CIPHER_THEN_HASH (2): offsets from the §3 tables.
         let auth: Vec<u8> = (1..=20).collect();
         let mut a = fixture_a();
         put32(&mut a, 20, 2); // hash_alg
@@ -532,9 +513,7 @@ mod tests {
             assert!(i.auth_key[20..].iter().all(|&x| x == 0), "{abi:?}");
             // The reply zeroes the auth key array too.
             let reply = create_reply(&fx, Some(abi), 7);
-            assert!(reply[VHOST_USER_HDR_SIZE + 120..VHOST_USER_HDR_SIZE + 632]
-                .iter()
-                .all(|&x| x == 0));
+            assert!(reply[HDR_SIZE + 120..HDR_SIZE + 632].iter().all(|&x| x == 0));
         }
     }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Split-virtqueue processing for the data queues (VIRTIO 1.2 §2.7).
+//! The queue worker: one data queue's batches, from the avail ring to the
+//! used ring (VIRTIO 1.2 §2.7).
 //!
 //! One batch per [`QueueWorker::process`] call: read the avail index once,
 //! walk and execute every new chain (at most [`MAX_BATCH`]), write the used
@@ -11,7 +12,8 @@
 //!
 //! The backend is never told whether the guest negotiated
 //! `VIRTIO_RING_F_EVENT_IDX` (QEMU's cryptodev-vhost-user only sends
-//! `SET_FEATURES` = `VHOST_USER_F_PROTOCOL_FEATURES`, protocol reference §8),
+//! `SET_FEATURES` = `VHOST_USER_F_PROTOCOL_FEATURES`, `docs/PROTOCOL.md`
+//! §4.2, §7),
 //! so `avail_event` is always kept current: a guest that uses it keeps
 //! kicking, one that does not ignores it.
 //!
@@ -30,53 +32,20 @@
 //! (a QEMU guest that negotiated EVENT_IDX with QEMU never sets that flag,
 //! so it is always notified).
 
-use std::sync::atomic::{fence, AtomicU16, Ordering};
+use std::sync::atomic::{fence, Ordering};
 
 use log::{debug, error};
 
 use algorithms::MAX_LANES;
+use vm_memory::GuestMemoryMmap;
 
-use crate::request::{
-    map_contiguous, prepare, run_lanes, ChainWalker, GuestMemory_, LaneReq, Prepared, RequestLimits,
-    DESC_SIZE, MAX_QUEUE_SIZE,
+use crate::crypto::{prepare, run_lanes, LaneReq, Prepared, RequestLimits};
+use crate::sessions::{wipe_stack, SessionTable, WORKER_STACK_WIPE_BYTES};
+use crate::virtq::descriptor::ChainWalker;
+use crate::virtq::ring::{
+    vring_need_event, QueueError, Ring, RingAddrs, VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_NOTIFY,
 };
-use crate::sessions::SessionTable;
-
-/// Guest-physical layout of a split ring, as set by the frontend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingAddrs {
-    /// Number of entries (a power of two, 1..=32768).
-    pub size: u16,
-    /// Descriptor table address (16-byte aligned).
-    pub desc: u64,
-    /// Available ring address (2-byte aligned).
-    pub avail: u64,
-    /// Used ring address (4-byte aligned).
-    pub used: u64,
-}
-
-/// Why a queue was stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum QueueError {
-    /// Size not a power of two in 1..=32768.
-    #[error("invalid queue size {0}")]
-    InvalidSize(u16),
-    /// A ring area is misaligned or not mapped in one piece.
-    #[error("ring memory not mapped or misaligned")]
-    BadRingMemory,
-    /// The avail index moved more than the queue size past the last seen one.
-    #[error("avail index {avail} is {ahead} entries ahead of {next_avail} on a queue of {size}")]
-    AvailIndexJump {
-        /// Avail index read.
-        avail: u16,
-        /// Next avail index expected.
-        next_avail: u16,
-        /// How far ahead.
-        ahead: u16,
-        /// Queue size.
-        size: u16,
-    },
-}
+use crate::virtq::MAX_QUEUE_SIZE;
 
 /// Most chains taken from the avail ring before their used elements are
 /// published (one used-index store each): a driver that keeps the ring
@@ -86,7 +55,7 @@ pub enum QueueError {
 pub const MAX_BATCH: u16 = 64;
 
 /// A batch also ends once its requests have gone through this many bytes
-/// of guest data ([`crate::request::Completion::work`], plus
+/// of guest data ([`crate::crypto::Completion::work`], plus
 /// [`DESCRIPTOR_WORK`] for each descriptor of a long chain; checked after
 /// each request or group of lanes): with 16 KiB requests, the driver gets
 /// each group of 8 as soon as it is done, and a batch holds the worker's
@@ -101,7 +70,7 @@ pub const MAX_BATCH_BYTES: u64 = 64 * 1024;
 /// ns here (an uncached region lookup for some), about what hashing 4–14
 /// bytes takes. The walker accepts a chain of up to the queue size of
 /// descriptors, or an indirect table of up to 32,768 entries
-/// ([`crate::request::ChainWalker::descriptors`]): 64 such chains took
+/// ([`ChainWalker::descriptors`]): 64 such chains took
 /// 5–10 ms before they were counted.
 pub const DESCRIPTOR_WORK: u64 = 16;
 
@@ -109,17 +78,6 @@ pub const DESCRIPTOR_WORK: u64 = 16;
 /// more than any driver's request needs (QEMU's and DPDK's layouts use 5
 /// or 6), so batches of honest requests are not cut shorter.
 pub const FREE_DESCRIPTORS: u32 = 16;
-
-/// `VRING_USED_F_NO_NOTIFY` (VIRTIO 1.2 §2.7.10).
-pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
-/// `VRING_AVAIL_F_NO_INTERRUPT` (VIRTIO 1.2 §2.7.7).
-pub const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
-
-/// `vring_need_event` (VIRTIO 1.2 §2.7.7.2): whether moving an index from
-/// `old` to `new` crosses the `event` index the other side asked about.
-pub fn vring_need_event(event: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-}
 
 /// Per-queue worker: session table and reusable scratch.
 #[derive(Debug)]
@@ -148,114 +106,8 @@ pub struct QueueWorker {
     kicks_off: bool,
 }
 
-struct Ring {
-    size: u16,
-    desc: *const u8,
-    avail: *mut u8,
-    used: *mut u8,
-}
-
-impl Ring {
-    fn map(mem: &GuestMemory_, a: RingAddrs) -> Result<Ring, QueueError> {
-        if a.size == 0 || a.size > MAX_QUEUE_SIZE || !a.size.is_power_of_two() {
-            return Err(QueueError::InvalidSize(a.size));
-        }
-        if a.desc % 16 != 0 || a.avail % 2 != 0 || a.used % 4 != 0 {
-            return Err(QueueError::BadRingMemory);
-        }
-        let n = usize::from(a.size);
-        let desc = map_contiguous(mem, a.desc, n * DESC_SIZE).ok_or(QueueError::BadRingMemory)?;
-        let avail = map_contiguous(mem, a.avail, 6 + 2 * n).ok_or(QueueError::BadRingMemory)?;
-        let used = map_contiguous(mem, a.used, 6 + 8 * n).ok_or(QueueError::BadRingMemory)?;
-        // The ring fields are accessed as u16/u32 through host pointers: an
-        // aligned GPA gives an aligned host address only when the region's
-        // guest start is aligned too, which a memory table does not promise.
-        if avail as usize % 2 != 0 || used as usize % 4 != 0 {
-            return Err(QueueError::BadRingMemory);
-        }
-        Ok(Ring {
-            size: a.size,
-            desc,
-            avail,
-            used,
-        })
-    }
-
-    fn avail_idx(&self) -> u16 {
-        // SAFETY: avail is mapped for 6 + 2n bytes and its host address is
-        // 2-byte aligned (checked in `map`); byte 2 holds idx.
-        unsafe { AtomicU16::from_ptr(self.avail.add(2) as *mut u16) }
-            .load(Ordering::Acquire)
-            .to_le()
-    }
-
-    fn avail_entry(&self, i: u16) -> u16 {
-        let slot = usize::from(i & (self.size - 1));
-        // SAFETY: slot < size, so 4 + 2*slot + 2 <= 6 + 2n mapped bytes.
-        u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(4 + 2 * slot) as *const u16) })
-    }
-
-    fn put_used(&self, i: u16, id: u32, len: u32) {
-        let slot = usize::from(i & (self.size - 1));
-        // One 8-byte store (id, then len, little-endian), not two: a batch
-        // ends with up to 64 of them, each waiting for room in the store
-        // buffer. (A plain store: the driver reads the element only after
-        // the used index, which is published with a Release store after
-        // it.)
-        // SAFETY: slot < size, so the 8-byte element at 4 + 8*slot lies in
-        // the 6 + 8n mapped used ring; an unaligned write has no alignment
-        // requirement (the element is only 4-aligned).
-        unsafe {
-            let p = self.used.add(4 + 8 * slot);
-            std::ptr::write_unaligned(p as *mut u64, (u64::from(len) << 32 | u64::from(id)).to_le());
-        }
-    }
-
-    fn publish_used_idx(&self, idx: u16) {
-        // SAFETY: byte 2 of the mapped, 4-aligned used ring.
-        unsafe { AtomicU16::from_ptr(self.used.add(2) as *mut u16) }.store(idx.to_le(), Ordering::Release);
-    }
-
-    fn used_event(&self) -> u16 {
-        // SAFETY: used_event is the u16 after the n avail entries, inside
-        // the 6 + 2n mapped bytes, 2-aligned.
-        unsafe { AtomicU16::from_ptr(self.avail.add(4 + 2 * usize::from(self.size)) as *mut u16) }
-            .load(Ordering::Acquire)
-            .to_le()
-    }
-
-    fn avail_flags(&self) -> u16 {
-        // SAFETY: byte 0 of the mapped, 2-aligned avail ring.
-        unsafe { AtomicU16::from_ptr(self.avail as *mut u16) }
-            .load(Ordering::Acquire)
-            .to_le()
-    }
-
-    fn set_used_flags(&self, flags: u16) {
-        // SAFETY: byte 0 of the mapped, 4-aligned used ring.
-        unsafe { AtomicU16::from_ptr(self.used as *mut u16) }.store(flags.to_le(), Ordering::Release);
-    }
-
-    fn set_avail_event(&self, idx: u16) {
-        // SAFETY: avail_event is the u16 after the n used elements, inside
-        // the 6 + 8n mapped bytes, 2-aligned.
-        unsafe { AtomicU16::from_ptr(self.used.add(4 + 8 * usize::from(self.size)) as *mut u16) }
-            .store(idx.to_le(), Ordering::Release);
-    }
-
-    /// Asks the driver to kick for its next request after avail index
-    /// `avail` (both kinds of driver: the flag and avail_event), and makes
-    /// that visible before the caller reads the avail index again (the
-    /// driver/device race of VIRTIO 1.2 §2.7.10).
-    fn enable_kicks(&self, avail: u16) {
-        self.set_used_flags(0);
-        self.set_avail_event(avail);
-        fence(Ordering::SeqCst);
-    }
-}
-
 /// Encrypts the waiting lanes and records their used lengths; returns
-/// the bytes they went through ([`crate::request::Completion::work`]).
+/// the bytes they went through ([`crate::crypto::Completion::work`]).
 fn flush_lanes(
     lanes: &mut [Option<LaneReq<'_>>; MAX_LANES],
     slots: &[usize; MAX_LANES],
@@ -317,7 +169,7 @@ impl QueueWorker {
     /// for a ring the frontend disabled while this worker polled it with
     /// kicks suppressed, so that the driver kicks again for its next
     /// request. A ring whose memory does not map is left alone.
-    pub fn enable_notifications(&mut self, mem: &GuestMemory_, addrs: RingAddrs) {
+    pub fn enable_notifications(&mut self, mem: &GuestMemoryMmap, addrs: RingAddrs) {
         if let Ok(ring) = Ring::map(mem, addrs) {
             ring.enable_kicks(ring.avail_idx());
         }
@@ -332,7 +184,7 @@ impl QueueWorker {
     /// turned on: a frontend may have moved or resized the ring since that
     /// batch without stopping it first, and the old place is then not a
     /// ring any more.
-    pub fn enable_suppressed_kicks(&mut self, mem: &GuestMemory_, current: RingAddrs) {
+    pub fn enable_suppressed_kicks(&mut self, mem: &GuestMemoryMmap, current: RingAddrs) {
         if std::mem::take(&mut self.kicks_off) {
             self.enable_notifications(mem, current);
         }
@@ -365,7 +217,7 @@ impl QueueWorker {
     /// call otherwise.)
     pub fn process(
         &mut self,
-        mem: &GuestMemory_,
+        mem: &GuestMemoryMmap,
         addrs: RingAddrs,
         next_avail: &mut u16,
         next_used: &mut u16,
@@ -374,7 +226,7 @@ impl QueueWorker {
         let closes = self.sessions.closes();
         if closes != self.closes_seen {
             self.closes_seen = closes;
-            crate::sessions::wipe_stack::<{ crate::sessions::WORKER_STACK_WIPE_BYTES }>();
+            wipe_stack::<WORKER_STACK_WIPE_BYTES>();
         }
         r
     }
@@ -385,7 +237,7 @@ impl QueueWorker {
     #[inline(never)]
     fn process_batches(
         &mut self,
-        mem: &GuestMemory_,
+        mem: &GuestMemoryMmap,
         addrs: RingAddrs,
         next_avail: &mut u16,
         next_used: &mut u16,
@@ -420,7 +272,7 @@ impl QueueWorker {
 
     fn run(
         &mut self,
-        mem: &GuestMemory_,
+        mem: &GuestMemoryMmap,
         addrs: RingAddrs,
         next_avail: &mut u16,
         next_used: &mut u16,
