@@ -8,19 +8,49 @@
 //! buffers, writes the status byte and returns the chain through a batched
 //! used ring. `docs/ARCHITECTURE.md` draws the data path.
 //!
-//! The modules, in data-path order:
+//! Without the default `backend` feature the crate is the [`wire`] module
+//! set alone: the wire facts the replay tool and the tests share with the
+//! daemon, without the daemon's dependencies.
+//!
+//! The modules, in data-path order, from the frontend's socket to the
+//! cipher:
+//!
+//! - [`args`]: the command line;
+//! - [`daemon`]: the listener, and one connection's set-up and teardown;
+//! - [`proxy`]: the frontend compatibility layer in front of vhost-user-backend;
+//! - [`memory_check`]: checks of the guest memory the frontend shares;
+//! - [`eventfd`]: checks and copies of the frontend's ring eventfds;
+//! - [`backend`]: the vhost-user-backend device: features, memory, worker threads;
+//! - [`worker`]: one data queue's batches, from the avail ring to the used ring;
+//! - [`virtq`]: the device side of a split ring: ring, descriptor walk, segments;
+//! - [`crypto`]: one request: validation, status policy, cipher, lanes, AlgChain;
+//! - [`sessions`]: the session registry and the per-queue session tables;
+//! - [`seccomp`]: the queue workers' system-call allow-list;
+//! - [`wire`]: the wire facts shared with the tools: virtio-crypto, vhost-user,
+//!   session payloads.
 
 #![deny(missing_docs)]
 
-pub mod args; // the command line
-pub mod backend; // the vhost-user-backend device: features, memory, worker threads
-pub mod crypto; // one request: validation, status policy, cipher, lanes, AlgChain
-pub mod daemon; // the listener; one connection's set-up and teardown
-pub mod eventfd; // checks and copies of the frontend's ring eventfds
-pub mod memory_check; // checks of the guest memory the frontend shares
-pub mod proxy; // the frontend compatibility layer in front of vhost-user-backend
-pub mod seccomp; // the queue workers' system-call allow-list
-pub mod sessions; // the session registry and the per-queue session tables
-pub mod virtq; // the device side of a split ring: ring, descriptor walk, segments
+#[cfg(feature = "backend")]
+pub mod args;
+#[cfg(feature = "backend")]
+pub mod daemon;
+#[cfg(feature = "backend")]
+pub mod proxy;
+#[cfg(feature = "backend")]
+pub mod memory_check;
+#[cfg(feature = "backend")]
+pub mod eventfd;
+#[cfg(feature = "backend")]
+pub mod backend;
+#[cfg(feature = "backend")]
+pub mod worker;
+#[cfg(feature = "backend")]
+pub mod virtq;
+#[cfg(feature = "backend")]
+pub mod crypto;
+#[cfg(feature = "backend")]
+pub mod sessions;
+#[cfg(feature = "backend")]
+pub mod seccomp;
 pub mod wire;
-pub mod worker; // one data queue's batches: avail ring to used ring // wire facts shared with the tools: virtio-crypto, vhost-user, sessions

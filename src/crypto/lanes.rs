@@ -70,7 +70,7 @@ impl LaneReq<'_> {
 /// bytes) are not run side by side: their slices would alias. They run one
 /// at a time in avail order instead, each status written after its
 /// request. (Only among the lanes: a request of the batch completed on its
-/// own in [`prepare`], such as a decrypt, runs when it is reached, before
+/// own in [`super::prepare`], such as a decrypt, runs when it is reached, before
 /// earlier lanes are flushed.)
 pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
     let Some(key) = lanes.iter().flatten().next().map(|l| l.key) else {
