@@ -76,7 +76,7 @@ const LOCK_GAP: Duration = Duration::from_micros(50);
 /// let go, takes them meanwhile, and one on this CPU preempts the worker
 /// when woken.
 /// (Not a sleep: a vCPU that halts takes far longer to come back than the
-/// gap, which cost a busy worker about 5 % in alternated runs.)
+/// gap.)
 fn lock_gap_if_due(now: Instant, since: &mut Instant) {
     if now.duration_since(*since) < LOCK_GAP_EVERY {
         return;

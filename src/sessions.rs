@@ -58,16 +58,15 @@ use crate::wire::virtio_crypto::{
 /// batch (never for a data request).
 const MAX_PRERESERVED: usize = 4096;
 
-/// Bytes of stack a queue worker wipes ([`wipe_stack`]): a batch of
-/// multi-buffer AES, block-by-block and HMAC requests reached 3 KiB below
-/// `process` in a release build and 13.5 KiB in a debug build (measured by
-/// painting the stack). About 0.3 µs a wipe.
+/// Bytes of stack a queue worker wipes ([`wipe_stack`]): more than twice
+/// what a batch of multi-buffer AES, block-by-block and HMAC requests uses
+/// below `process`, in release and in debug builds (`tests/key_residue.rs`
+/// checks that nothing is left).
 pub const WORKER_STACK_WIPE_BYTES: usize = 32 * 1024;
 
 /// Bytes of stack the session-message handler wipes after a CREATE: key
-/// expansion and ring's HMAC key set-up went about 35 KiB deep in a debug
-/// build (painted; 32 KiB left AES-192 round keys behind there). A CREATE
-/// is rare, so the margin is wide.
+/// expansion and `ring`'s HMAC key set-up go deeper than 32 KiB in a debug
+/// build. A CREATE is rare, so the margin is wide.
 pub const CREATE_STACK_WIPE_BYTES: usize = 128 * 1024;
 
 /// Zeroes `BYTES` of the calling thread's stack just below the caller's
@@ -766,11 +765,10 @@ mod tests {
 
     /// Sessions that come and go with up to `max_sessions` live (at most
     /// MAX_PRERESERVED) never make a table allocate again: removals leave
-    /// tombstones, and with room for only `max_sessions` the table grew
-    /// after some 100,000 CREATEs and CLOSEs around 1,000 live (found by a
-    /// reviewer; at max_sessions 1,024 on x86_64, whose 16-wide control
-    /// groups this depends on); with room for twice as many it rehashes in
-    /// place.
+    /// tombstones, and with room for only `max_sessions` a table grows
+    /// after some 100,000 CREATEs and CLOSEs around 1,000 live (at
+    /// max_sessions 1,024 on x86_64, whose 16-wide control groups this
+    /// depends on); with room for twice as many it rehashes in place.
     #[test]
     fn churn_up_to_max_sessions_never_grows_a_table() {
         for max in [8usize, 1024, MAX_PRERESERVED] {

@@ -22,8 +22,8 @@ pub(crate) fn gather(segs: &[Segment], offset: usize, buf: &mut [u8]) -> bool {
 /// stream is too short (`out` then holds a partial copy). When the `N`
 /// bytes lie in one segment, as they almost always do, one fixed-size copy
 /// the compiler inlines instead of a call to `memcpy`. (An out parameter,
-/// not an `Option<[u8; N]>`: the IV's copy inside the option was re-read
-/// at other offsets, a store-forwarding stall that cost ~6 ns a request.)
+/// not an `Option<[u8; N]>`: a copy inside an option is re-read at other
+/// offsets, which stalls store forwarding; docs/PERFORMANCE.md.)
 #[inline(always)]
 pub(crate) fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> bool {
     let (p, n) = c.chunk();
@@ -31,8 +31,8 @@ pub(crate) fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> 
         // The guest may rewrite the field at any time: it is read once,
         // with loads the compiler may neither repeat nor replace by
         // re-reading guest memory later (relaxed atomics, as in
-        // `read_desc`; a volatile copy went byte by byte, +28 % per
-        // request), and only the copy is used.
+        // `read_desc`: a volatile copy goes byte by byte), and only the
+        // copy is used.
         let word = |i: usize| {
             // SAFETY: p is mapped for n >= N bytes of a readable buffer
             // (see `Cursor::chunk`) and 8-aligned, and 8 * i + 8 <= N;
@@ -44,10 +44,8 @@ pub(crate) fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> 
             // (N == 16.) The IV: written with one 16-byte store, because
             // it is read back as one 16-byte value right away, and a load
             // that spans two narrower stores is not forwarded from them
-            // but waits for them to reach the cache (in a live profile,
-            // `prepare` went from 17-19 % of the worker's samples to 11
-            // %). The header's fields are read back one by one, each
-            // inside one 8-byte store.
+            // but waits for them to reach the cache. The header's fields
+            // are read back one by one, each inside one 8-byte store.
             store16(out, word(0), word(1));
         } else {
             for (i, w) in out.chunks_exact_mut(8).enumerate() {
