@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Replay-tool frontend configurations the socket tests share.
+//! Replay-tool frontend configurations the tests share (others start
+//! from these with `FrontendConfig { field: value, ..one_queue(n, d) }`).
 
 use vhost_crypto_replay::frontend::{DescMode, FrontendConfig};
 use vhost_user_crypto::wire::session::SessionAbi;

@@ -6,8 +6,9 @@
 /// Marks the running test as skipped (the caller returns right after, so
 /// the harness counts it as passed): prints `skipped: WHY` to stderr and, when
 /// `VUC_SKIPPED_TESTS` names a file (`tools/test.sh` sets it), appends the
-/// line `CRATE TEST: WHY` to it, so that the test command can list the
-/// tests that passed without checking anything.
+/// line `CRATE TEST: WHY` to it (the test binary, e.g. `socket`, and the
+/// test's path in it, e.g. `memory::hugetlb_…`), so that the test command
+/// can list the tests that passed without checking anything.
 pub fn skipped(why: &str) {
     use std::io::Write;
     // libtest names each test's thread after the test.
