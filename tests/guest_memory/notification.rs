@@ -1,14 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Batching and notification suppression of `QueueWorker::process`
-//! (VIRTIO 1.2 §2.7.7, §2.7.10), on a split ring in real guest memory:
-//! batch sizes, the used index per batch, `avail_event` and the used
-//! ring's flags while polling and after, and when a batch asks for a
-//! used-buffer notification (`used_event` with EVENT_IDX, the avail
-//! ring's NO_INTERRUPT flag without).
+//! Notification suppression of `QueueWorker::process` (VIRTIO 1.2 §2.7.7,
+//! §2.7.10; docs/PROTOCOL.md §7), on a split ring in real guest memory:
+//! one batch per call, `avail_event` and the used ring's flags while
+//! polling and after, kicks turned back on when a ring is stopped, and
+//! when a batch asks for a used-buffer notification (`used_event` with
+//! EVENT_IDX, the avail ring's NO_INTERRUPT flag without).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use vhost_user_crypto::virtq::ring::{vring_need_event, RingAddrs};
 use vhost_user_crypto::worker::MAX_BATCH;
 
@@ -107,10 +105,9 @@ fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
 }
 
 /// The frontend moves the ring after a polling batch turned the driver's
-/// kicks off, without stopping it first, and stops it later (a prober's
-/// finding, nineteenth session): the kicks are turned back on where the
-/// ring is now, and the old place, no longer a ring, is left as the guest
-/// keeps it. A ring resized in place (same used ring) gets them back in
+/// kicks off, without stopping it first, and stops it later: the kicks
+/// are turned back on where the ring is now, and the old place, no longer
+/// a ring, is left as the guest keeps it. A ring resized in place (same used ring) gets them back in
 /// its used ring.
 #[test]
 fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
@@ -209,77 +206,4 @@ fn vring_need_event_matches_the_spec_formula() {
     assert!(!vring_need_event(2, 8, 3), "event already passed before old");
     assert!(vring_need_event(65535, 2, 65534), "across the wrap");
     assert!(!vring_need_event(0x8005, 10, 5), "event half the space ahead");
-}
-
-/// Batches of large requests end on their byte cap (`MAX_BATCH_BYTES`,
-/// 64 KiB of data gone through), not on `MAX_BATCH`: the chains after the cap
-/// are left on the avail ring for the next batch, and every request is
-/// completed once, in avail order, with the right output (OpenSSL's).
-#[test]
-fn batches_of_large_requests_end_on_their_byte_cap() {
-    byte_cap_batches(ENCRYPT);
-}
-
-/// As above for decrypt requests, which are completed one at a time (not
-/// as lanes): the cap is checked after each, so 16 requests of 4,096
-/// bytes end the batch exactly.
-#[test]
-fn batches_of_large_decrypt_requests_end_on_their_byte_cap() {
-    byte_cap_batches(DECRYPT);
-}
-
-fn byte_cap_batches(opcode: u32) {
-    let mut vm = Vm::new();
-    const N: u16 = 40;
-    const LEN: usize = 4096;
-    let (session, encrypt) = if opcode == ENCRYPT { (E, true) } else { (D, false) };
-    let mut heads = Vec::new();
-    let mut want = Vec::new();
-    for k in 0..N {
-        let base = 0x100_0000 + u64::from(k) * 0x1_0000;
-        let src: Vec<u8> = (0..LEN).map(|i| (i * 7 + usize::from(k) * 13) as u8).collect();
-        let bufs = vm.stage_at(base, &hdr(opcode, session, LEN as u32, LEN as u32), &src);
-        let head = vm.indirect(&bufs);
-        vm.push(head);
-        heads.push(head);
-        want.push((Addrs::at(base), oracle(encrypt, &NIST_KEY, &NIST_IV, &src)));
-    }
-    let seen = vm.polling_batch_sizes();
-    // 16 requests of 4,096 bytes reach 64 KiB.
-    assert_eq!(seen, vec![16, 16, 8], "batches capped at MAX_BATCH_BYTES");
-    for (k, (head, (a, ct))) in heads.iter().zip(&want).enumerate() {
-        let u = vm.used(k as u16);
-        assert_eq!(u.id, u32::from(*head), "used element {k}");
-        assert_eq!(u.len, LEN as u32 + 1, "used length {k}");
-        assert_eq!(vm.byte(a.status), OK, "status {k}");
-        assert_eq!(&vm.read(a.dst, LEN), ct, "dst {k}");
-    }
-}
-
-/// Long chains count towards the byte cap too (`DESCRIPTOR_WORK` bytes per
-/// descriptor past the first `FREE_DESCRIPTORS`): 10 valid requests whose
-/// indirect tables hold 995 zero-length descriptors before their five
-/// buffers (and the ring descriptor pointing at the table) count
-/// (1,001 - 16) × 16 = 15,760 bytes each, so they come in
-/// batches of 5 (before: one batch of 10, and 64 chains of 32,768
-/// descriptors took 5–10 ms). Each is still completed with NIST F.2.1.
-#[test]
-fn batches_of_long_chains_end_on_the_byte_cap() {
-    let mut vm = Vm::new();
-    let mut bufs = vec![r(HDR, 0); 995];
-    bufs.extend(vm.baseline());
-    assert_eq!(bufs.len(), 1000);
-    for _ in 0..10 {
-        let head = vm.indirect(&bufs);
-        vm.push(head);
-    }
-    let seen = vm.polling_batch_sizes();
-    assert_eq!(
-        seen,
-        vec![5, 5],
-        "batches of long chains capped at MAX_BATCH_BYTES"
-    );
-    for i in 0..10 {
-        vm.assert_done(vm.used(i), &NIST_CT);
-    }
 }

@@ -22,11 +22,9 @@
 //! Seeded PRNG (`common::Rng`): `SPLIT_PROPERTY_SEED` and
 //! `SPLIT_PROPERTY_CASES` override the seed and the number of requests.
 
-mod common;
-
 use std::time::Instant;
 
-use common::*;
+use crate::common::*;
 
 /// Ring, indirect tables and the unsplit requests live in region 0.
 const REGION0: u64 = 4 * MIB;

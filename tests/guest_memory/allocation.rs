@@ -6,9 +6,10 @@
 //! go through `QueueWorker::process` in batches, and the allocator is not
 //! called once while `process` runs.
 //!
-//! This file is its own test binary on purpose: its `#[global_allocator]`
-//! counts every allocation of the calling thread while a thread-local flag
-//! is set, and that allocator applies to the whole binary.
+//! Its `#[global_allocator]` is the one of the whole `guest_memory`
+//! binary: it counts the allocations a thread makes while that thread's
+//! flag is set, so the other tests of the binary, on threads of their
+//! own, are never counted (see `main.rs`).
 //!
 //! Outputs are checked against OpenSSL (status bytes and used lengths of
 //! every request of every batch, output bytes of a rotating sample cleared
@@ -17,13 +18,11 @@
 //! With `HOT_PATH_ALLOC_TRACE=1` each counted allocation prints a backtrace
 //! (the first 8), to find where the data path allocates.
 
-mod common;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use common::*;
+use crate::common::*;
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::worker::QueueWorker;
 use vm_memory::GuestMemoryMmap;
