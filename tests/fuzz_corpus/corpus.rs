@@ -1,32 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Replays the fuzz corpus (`tools/fuzz/corpus/<target>/*`) through the
-//! same decoding and checking code as the libFuzzer targets, without a
-//! fuzzer: the harness library of `tools/fuzz` is included here as a module.
-//!
-//! Also checks that the seed files are exactly the encoded seed programs
-//! (`FUZZ_CORPUS_REGEN=1` rewrites them) and that every seed decodes back
-//! to itself. This binary installs the harness's counting allocator, so the
-//! zero-allocation check of the `queue` target is live here too. Expected
-//! outputs of the `queue` target's valid requests come from OpenSSL here
-//! ([`openssl_reference`]), not from the `algorithms` crate the fuzz
-//! target itself uses.
-
-#[allow(dead_code)]
-#[path = "../tools/fuzz/src/lib.rs"]
-mod harness;
+//! The checked-in corpus and the seed programs, replayed.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::common;
+use crate::harness::{queue, seeds, session};
 use algorithms::Direction;
-use harness::alloc::CountingAlloc;
-use harness::{queue, seeds, session};
-
-#[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
-
-/// The in-process test harness; only its OpenSSL oracle is used here.
-mod common;
 
 /// OpenSSL's AES-CBC (no padding, [`common::oracle`]) as the `queue`
 /// harness's reference.
