@@ -94,7 +94,7 @@ unopt_results=$(passed_in target/test-output-unoptimised.log)
 # free huge pages skipped (its counterpart, which needs none, ran). As
 # root, lend the pool four pages for one more run of it, then put the
 # pool back as it was.
-hp_test=hugetlb_reservation_mapping_of_an_unaligned_size_is_not_left_behind
+hp_test=memory::hugetlb_reservation_mapping_of_an_unaligned_size_is_not_left_behind
 hp_pool=/proc/sys/vm/nr_hugepages
 hp_skips=$PWD/target/skipped-tests-hugepages.txt
 rm -f "$hp_skips"
@@ -104,7 +104,7 @@ if grep -q " $hp_test:" "$VUC_SKIPPED_TESTS" && [ "$(id -u)" = 0 ] && [ -w "$hp_
     trap 'echo "$hp_old" >"$hp_pool" 2>/dev/null || true' EXIT
     echo $((hp_old + 4)) >"$hp_pool" 2>/dev/null || true
     : >"$hp_skips"
-    VUC_SKIPPED_TESTS=$hp_skips cargo test --release -p vhost-user-crypto --test frontend_faults -- --exact "$hp_test" 2>&1 |
+    VUC_SKIPPED_TESTS=$hp_skips cargo test --release -p vhost-user-crypto --test socket -- --exact "$hp_test" 2>&1 |
         tee -a target/test-output.log | tee target/test-output-hugepages.log
     echo "$hp_old" >"$hp_pool" 2>/dev/null || true
     trap - EXIT
