@@ -11,14 +11,12 @@
 
 use std::time::Duration;
 
-use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
+use crate::common::daemon::spawn_daemon_logged;
+use crate::common::frontend_config::one_queue;
+use vhost_crypto_replay::frontend::{CryptoFrontend, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, ReplayOptions};
 use vhost_crypto_replay::trace::{hex, Trace};
 use vhost_user_crypto::wire::session::SessionAbi;
-
-#[path = "common/daemon.rs"]
-mod daemon;
-use daemon::spawn_daemon_logged;
 
 /// Distinctive keys: no run of them occurs by chance in a log.
 fn keys() -> Vec<Vec<u8>> {
@@ -100,15 +98,9 @@ fn keys_never_reach_the_trace_level_log() {
     let trace = Trace::parse(trace_for(&keys).as_bytes()).unwrap();
     for abi in [SessionAbi::A, SessionAbi::B, SessionAbi::C] {
         let cfg = FrontendConfig {
-            queues: 1,
-            queue_size: 64,
-            queue_depth: 8,
             max_payload: trace.max_payload().max(16),
-            max_iv: 16,
-            memory_bytes: 0,
             session_abi: abi,
-            desc_mode: DescMode::Indirect,
-            dpdk: false,
+            ..one_queue(64, 8)
         };
         let mut fe = CryptoFrontend::connect(&sock, &cfg).unwrap();
         let opts = ReplayOptions {

@@ -15,13 +15,15 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::daemon::{self, spawn_daemon_logged};
+use crate::common::{frontend_config, try_memfd, NIST_CT, NIST_IV, NIST_KEY, NIST_PT, OK};
 use vhost_crypto_replay::frontend::CryptoFrontend;
 use vhost_user_crypto::seccomp::WorkerFilter;
 use vhost_user_crypto::wire::session::SymSessionInfo;
@@ -33,13 +35,16 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 /// Environment variable naming the scenario a child process runs.
 const CHILD: &str = "VUC_SECCOMP_CHILD";
 
-/// Runs scenario `name` in a child process (the `child` test of this binary).
+/// The libtest name of [`child`] in this binary.
+const CHILD_TEST: &str = "seccomp::child";
+
+/// Runs scenario `name` in a child process ([`CHILD_TEST`] of this binary).
 fn run_child(name: &str) -> Output {
     let exe = std::env::current_exe().unwrap();
     Command::new(exe)
         .args([
             "--exact",
-            "child",
+            CHILD_TEST,
             "--include-ignored",
             "--nocapture",
             "--test-threads",
@@ -159,12 +164,8 @@ fn child() {
             // by the frontend), made before the filter as the daemon maps
             // guest memory: the filtered thread's next access raises SIGBUS,
             // which std's handler hands back to the default action.
-            // SAFETY: a valid NUL-terminated name; the result is checked.
-            let fd = unsafe { libc::memfd_create(c"seccomp-sigbus".as_ptr(), libc::MFD_CLOEXEC) };
-            assert!(fd >= 0);
-            // SAFETY: a fresh descriptor we own.
-            let f = unsafe { File::from_raw_fd(fd) };
-            f.set_len(8192).unwrap();
+            let f = try_memfd(c"seccomp-sigbus", 0, 8192).unwrap();
+            let fd = f.as_raw_fd();
             // SAFETY: a shared read-only mapping of the 8 KiB file; the
             // result is checked.
             let p = unsafe {
@@ -209,15 +210,7 @@ fn worker_scenario(filter: &WorkerFilter) {
             EpollEvent::new(EventSet::IN, 7),
         )
         .unwrap();
-    let memfd = || {
-        // SAFETY: a valid NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"seccomp-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor we own.
-        let f = unsafe { File::from_raw_fd(fd) };
-        f.set_len(1 << 20).unwrap();
-        f
-    };
+    let memfd = || try_memfd(c"seccomp-test", 0, 1 << 20).unwrap();
     let guest = |f: File| {
         GuestMemoryMmap::<()>::from_ranges_with_files([(
             GuestAddress(0),
@@ -385,7 +378,7 @@ fn sigaction_is_limited_to_sigsegv_and_sigbus() {
 
 /// A panic on a filtered thread (with `RUST_BACKTRACE=1`) ends that thread
 /// and not the process: std's panic message asks `gettid`, its backtrace
-/// printer `getcwd` (found by a fresh reviewer: both used to kill the
+/// printer `getcwd`, and both are on the list (off it, they would kill the
 /// process by SIGSYS).
 #[test]
 fn a_panic_on_a_filtered_thread_ends_only_that_thread() {
@@ -402,7 +395,7 @@ fn a_panic_on_a_filtered_thread_ends_only_that_thread() {
 
 /// Guest memory truncated under a filtered thread ends the process by
 /// SIGBUS, as documented, not SIGSYS: std's handler restores the default
-/// action with `rt_sigaction` before returning (found by a fresh reviewer).
+/// action with `rt_sigaction` before returning.
 #[test]
 fn a_fault_on_truncated_memory_ends_the_process_by_sigbus() {
     assert_killed_by("sigbus", libc::SIGBUS);
@@ -435,35 +428,18 @@ fn everything_a_worker_does_is_allowed() {
 
 // ---- the daemon ----
 
-#[path = "common/daemon.rs"]
-mod daemon;
-use daemon::spawn_daemon_logged;
-
-#[path = "common/frontend_config.rs"]
-mod frontend_config;
-
 fn spawn_daemon(extra: &[&str]) -> daemon::Daemon {
     spawn_daemon_logged(extra, "info")
 }
 
-const KEY: [u8; 16] = [
-    0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6, 0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c,
-];
-/// NIST SP 800-38A F.2.1, first block.
-const PT: [u8; 16] = [
-    0x6b, 0xc1, 0xbe, 0xe2, 0x2e, 0x40, 0x9f, 0x96, 0xe9, 0x3d, 0x7e, 0x11, 0x73, 0x93, 0x17, 0x2a,
-];
-const CT: [u8; 16] = [
-    0x76, 0x49, 0xab, 0xac, 0x81, 0x19, 0xb2, 0x46, 0xce, 0xe9, 0x8e, 0x9b, 0x12, 0xe9, 0x19, 0x7d,
-];
-
-/// Connects, creates an encrypt session and runs F.2.1's first block on
-/// queue 0; returns the frontend (still connected, so its workers live).
+/// Connects, creates an encrypt session and runs NIST SP 800-38A F.2.1's
+/// first block on queue 0; returns the frontend (still connected, so its
+/// workers live).
 fn serve_nist(sock: &Path) -> CryptoFrontend {
     let mut fe = CryptoFrontend::connect(sock, &frontend_config::one_queue(64, 8)).unwrap();
     let info = SymSessionInfo {
         op_code: 2,
-        ..SymSessionInfo::aes_cbc(&KEY, 1)
+        ..SymSessionInfo::aes_cbc(&NIST_KEY, 1)
     };
     let sid = fe.create_session(&info).unwrap();
     assert!(sid >= 1, "session id {sid}");
@@ -480,8 +456,8 @@ fn serve_nist(sock: &Path) -> CryptoFrontend {
         dst_data_len: 16,
     };
     q.mem().write(l.hdr, &hdr.to_bytes());
-    q.mem().write(l.iv, &(0u8..16).collect::<Vec<_>>());
-    q.mem().write(l.src, &PT);
+    q.mem().write(l.iv, &NIST_IV);
+    q.mem().write(l.src, &NIST_PT[..16]);
     q.mem().fill(l.dst, 16, 0xEE);
     q.mem().write(l.status, &[0xFF]);
     q.submit(slot, 16, 16);
@@ -492,8 +468,8 @@ fn serve_nist(sock: &Path) -> CryptoFrontend {
     let mut dst = [0u8; 16];
     q.mem().read(l.dst, &mut dst);
     assert_eq!(
-        (q.mem().read_u8(l.status), dst),
-        (0, CT),
+        (q.mem().read_u8(l.status), &dst[..]),
+        (OK, &NIST_CT[..16]),
         "status and F.2.1 ciphertext"
     );
     fe

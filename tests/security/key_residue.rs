@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! No copy of a closed session's key material is left anywhere in the
-//! daemon's memory: not on the heap (also `tests/key_zeroize.rs`) and not
+//! daemon's memory: not on the heap (also the `security_heap` suite) and not
 //! on the stack of any of its threads, where moves and the cipher
 //! libraries leave copies that no value owns (round keys, the HMAC states,
 //! ring's padded HMAC key).
@@ -26,21 +26,16 @@
 //! worker busy-polling the ring when they are closed (it wipes at its next
 //! look at the ring).
 
-#[path = "common/daemon.rs"]
-mod daemon;
-
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-use daemon::spawn_daemon;
-use openssl::hash::MessageDigest;
-use openssl::pkey::PKey;
-use openssl::sign::Signer;
-use openssl::symm::{Cipher, Crypter, Mode};
-use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
-use vhost_user_crypto::wire::session::{SessionAbi, SymSessionInfo};
+use crate::common::daemon::spawn_daemon;
+use crate::common::frontend_config::one_queue;
+use crate::common::{hex, hmac, oracle, Mac};
+use vhost_crypto_replay::frontend::{CryptoFrontend, FrontendConfig};
+use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::{AlgChainPara, OpDataReq};
 
 /// The sessions of the test, one of each kind the data path has: the
@@ -91,21 +86,6 @@ struct Sess {
     /// MAC of the input then decrypt.
     mac: Option<(Mac, &'static [u8])>,
     requests: usize,
-}
-
-#[derive(Clone, Copy)]
-enum Mac {
-    Sha1,
-    Sha256,
-}
-
-impl Mac {
-    fn digest_len(self) -> usize {
-        match self {
-            Mac::Sha1 => 20,
-            Mac::Sha256 => 32,
-        }
-    }
 }
 
 // ---- independent derivations ----
@@ -406,13 +386,6 @@ fn the_derivations_match_the_standards_and_the_libraries() {
 
 // ---- the scan ----
 
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
 /// Occurrences of `needle` in `hay`.
 fn find(hay: &[u8], needle: &[u8]) -> usize {
     hay.windows(needle.len()).filter(|w| *w == needle).count()
@@ -475,15 +448,8 @@ fn scan_process(pid: u32, needles: &[(String, Vec<u8>)]) -> HashMap<String, usiz
 
 fn config() -> FrontendConfig {
     FrontendConfig {
-        queues: 1,
-        queue_size: 64,
-        queue_depth: 32,
         max_payload: LEN,
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
+        ..one_queue(64, 32)
     }
 }
 
@@ -510,33 +476,6 @@ fn session_info(s: &Sess) -> SymSessionInfo {
     i
 }
 
-/// AES-CBC through OpenSSL (no padding).
-fn openssl_cbc(encrypt: bool, key: &[u8], data: &[u8]) -> Vec<u8> {
-    let cipher = match key.len() {
-        16 => Cipher::aes_128_cbc(),
-        24 => Cipher::aes_192_cbc(),
-        _ => Cipher::aes_256_cbc(),
-    };
-    let mode = if encrypt { Mode::Encrypt } else { Mode::Decrypt };
-    let mut c = Crypter::new(cipher, mode, key, Some(&IV)).unwrap();
-    c.pad(false);
-    let mut out = vec![0; data.len() + 16];
-    let n = c.update(data, &mut out).unwrap();
-    out.truncate(n);
-    out
-}
-
-/// HMAC through OpenSSL.
-fn openssl_hmac(mac: Mac, key: &[u8], data: &[u8]) -> Vec<u8> {
-    let md = match mac {
-        Mac::Sha1 => MessageDigest::sha1(),
-        Mac::Sha256 => MessageDigest::sha256(),
-    };
-    let mut s = Signer::new(md, &PKey::hmac(key).unwrap()).unwrap();
-    s.update(data).unwrap();
-    s.sign_to_vec().unwrap()
-}
-
 /// Runs every session's requests in one batch and checks the outputs
 /// (and the MACs the device made) against OpenSSL, so that every key was
 /// really used.
@@ -547,9 +486,9 @@ fn run_requests(fe: &mut CryptoFrontend, ids: &[u64]) {
         for k in 0..s.requests {
             let plain: Vec<u8> = (0..LEN).map(|i| (i * 7 + k) as u8).collect();
             let (src, dst) = if s.decrypt {
-                (openssl_cbc(true, s.key, &plain), plain)
+                (oracle(true, s.key, &IV, &plain), plain)
             } else {
-                let ct = openssl_cbc(true, s.key, &plain);
+                let ct = oracle(true, s.key, &IV, &plain);
                 (plain, ct)
             };
             let slot = q.next_slot().expect("a free slot");
@@ -577,7 +516,7 @@ fn run_requests(fe: &mut CryptoFrontend, ids: &[u64]) {
                 .write_to(&mut hdr);
                 // Over the ciphertext: the output (encrypt) or the input
                 // (decrypt, supplied by the driver).
-                digest = openssl_hmac(mac, key, if s.decrypt { &src } else { &dst });
+                digest = hmac(mac, key, if s.decrypt { &src } else { &dst });
                 q.mem().write(
                     l.digest,
                     if s.decrypt {

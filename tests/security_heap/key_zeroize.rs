@@ -5,10 +5,10 @@
 //! for AES-256 the first two are), and neither does any block the session
 //! message channel used for a CREATE (its payload and its reply).
 //!
-//! This file is its own test binary on purpose: its `#[global_allocator]`
-//! records every block the test thread allocates while a thread-local flag
-//! is set, looks for the key in each block when it is freed, and can look
-//! for it in every block still in use. The test first checks that the key
+//! Its `#[global_allocator]` (the `security_heap` binary's) records every
+//! block the test thread allocates while a thread-local flag is set, looks
+//! for the key in each block when it is freed, and can look for it in
+//! every block still in use. The test first checks that the key
 //! is found while the sessions are live, so that it cannot pass by not
 //! looking in the right place.
 
