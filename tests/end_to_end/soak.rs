@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The CI soak (issue #5): the replay tool's soak (`vhost-crypto-replay
+//! The CI soak: the replay tool's soak (`vhost-crypto-replay
 //! soak`, `tools/replay/src/soak.rs`) against the daemon binary with two
 //! queues, 100,000 requests generated from a seed (mixed sizes up to
 //! 16 KiB, encrypt and decrypt, AES-128/192/256, direct and indirect
@@ -13,17 +13,12 @@
 //!
 //! The full run (10 million requests) is a command in docs/RELIABILITY.md.
 
-mod common;
-
-#[path = "common/daemon.rs"]
-mod daemon;
-
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
-use common::oracle;
-use daemon::spawn_daemon;
+use crate::common::daemon::spawn_daemon;
+use crate::common::oracle;
 use vhost_crypto_replay::frontend::CryptoFrontend;
 use vhost_crypto_replay::soak::{soak, Checked, Layouts, SoakOptions, SoakReport, DST_CANARY};
 use vhost_user_crypto::wire::session::SessionAbi;
@@ -57,6 +52,7 @@ fn stream_digest(sock: &std::path::Path, o: &SoakOptions) -> u64 {
 
 #[test]
 fn soak_100k_mixed_requests_two_queues_every_output_checked_against_openssl() {
+    let _beside_soaks_only = crate::shared();
     let daemon = spawn_daemon(&["--queues", "2"]);
     // The tool's defaults (depth 64, 8 sessions, a rekey every 1,000 and a
     // closed session named every 500 requests, up to 16 KiB, mixed layouts).
@@ -139,6 +135,7 @@ fn soak_100k_mixed_requests_two_queues_every_output_checked_against_openssl() {
 
 #[test]
 fn the_same_seed_gives_the_same_requests_whatever_the_timing() {
+    let _beside_soaks_only = crate::shared();
     // Two daemons that complete at different times: one polls after each
     // batch, one sleeps on the kick at once.
     let polling = spawn_daemon(&["--queues", "2"]);
@@ -159,6 +156,7 @@ fn the_same_seed_gives_the_same_requests_whatever_the_timing() {
 
 #[test]
 fn a_backend_that_fails_requests_fails_the_soak() {
+    let _beside_soaks_only = crate::shared();
     // Requests over 4 KiB are refused with ERR by this daemon.
     let daemon = spawn_daemon(&["--queues", "2", "--max-request-bytes", "4096"]);
     let o = SoakOptions {

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! End-to-end test: boots a Linux 6.1 guest under QEMU (TCG) whose
 //! virtio-crypto-pci device is served by this crate's daemon over vhost-user,
 //! and checks what the guest program `guest-test` reports through AF_ALG.
@@ -21,12 +22,9 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-#[path = "common/skip.rs"]
-mod skip;
-use skip::skipped;
+use crate::common::skipped;
 
 /// QEMU's own time limit inside run-guest.sh (a passing run takes ~10 s).
 const GUEST_TIMEOUT_SECS: u64 = 150;
@@ -34,9 +32,6 @@ const GUEST_TIMEOUT_SECS: u64 = 150;
 const SCRIPT_DEADLINE: Duration = Duration::from_secs(GUEST_TIMEOUT_SECS + 30);
 /// Chunk sizes the guest's speed loop must report.
 const SPEED_SIZES: [usize; 5] = [64, 256, 1024, 4096, 16384];
-
-/// One guest at a time: TCG is CPU-bound and the speed loop is timed.
-static ONE_GUEST: Mutex<()> = Mutex::new(());
 
 #[derive(Clone, Copy)]
 enum Qemu {
@@ -337,7 +332,9 @@ fn check_console(qemu: Qemu, console: &str) -> Vec<String> {
 }
 
 fn e2e(qemu: Qemu) {
-    let _one = ONE_GUEST.lock().unwrap_or_else(|e| e.into_inner());
+    // One guest at a time, alone in this binary: TCG is CPU-bound and the
+    // speed loop is timed.
+    let _alone = crate::alone();
     let name = format!("QEMU {} guest", qemu.selector());
     let missing = missing_prerequisites(qemu);
     if !missing.is_empty() {
