@@ -60,8 +60,8 @@ const MAX_PRERESERVED: usize = 4096;
 
 /// Bytes of stack a queue worker wipes ([`wipe_stack`]): more than twice
 /// what a batch of multi-buffer AES, block-by-block and HMAC requests uses
-/// below `process`, in release and in debug builds (`tests/key_residue.rs`
-/// checks that nothing is left).
+/// below `process`, in release and in debug builds (the `security`
+/// suite's `key_residue` tests check that nothing is left).
 pub const WORKER_STACK_WIPE_BYTES: usize = 32 * 1024;
 
 /// Bytes of stack the session-message handler wipes after a CREATE: key
@@ -76,7 +76,7 @@ pub const CREATE_STACK_WIPE_BYTES: usize = 128 * 1024;
 /// HMAC states and padded key `ring` made). Only what ran in frames the
 /// caller called is covered, so the key-handling code must not be inlined
 /// into the caller (`#[inline(never)]` on it). `zeroize::zeroize_stack`: a
-/// memset behind an optimisation barrier; `tests/key_residue.rs` checks
+/// memset behind an optimisation barrier; the `security` suite's `key_residue` tests check
 /// that nothing is left, in release and debug builds.
 #[inline]
 pub fn wipe_stack<const BYTES: usize>() {
@@ -362,7 +362,7 @@ pub struct Sessions {
 /// initialised, copied in from the stack temporary it was moved from:
 /// the unused part of the `aes` crate's key-schedule union (software and
 /// AES-NI schedules share it) and padding. In unoptimised builds those
-/// held key-expansion temporaries (`tests/key_zeroize.rs`).
+/// held key-expansion temporaries (the `security_heap` suite's `key_zeroize` tests).
 struct SessionBox(Box<MaybeUninit<Session>>);
 
 impl SessionBox {

@@ -20,7 +20,7 @@
 //! [`MacKey`] and [`MacStream`]: dropped on their own they leave the states
 //! where they were. The daemon keeps each `MacKey` in a session box that is
 //! zeroized whole when the session closes, and wipes the copies left on
-//! its threads' stacks (`src/sessions.rs`; `tests/key_residue.rs` finds
+//! its threads' stacks (`src/sessions.rs`; the daemon's `security` test suite finds
 //! neither state anywhere in the daemon's memory after CLOSE). The raw auth
 //! key bytes are only ever held in zeroizing storage by the callers and are
 //! not kept here.
