@@ -24,11 +24,12 @@
 //!   `tests/fuzz_corpus.rs` OpenSSL, which shares no code with the daemon.
 
 use algorithms::Direction;
+use vhost_crypto_replay::driver_ring::{
+    self, decode, Buf, DescAlloc, Descriptor, DriverMemory, DriverRing, SplitRing, TableArea, UsedElem,
+    DESC_SIZE,
+};
 use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::{session_set, SessionRegistry};
-use vhost_user_crypto::virtq::descriptor::{
-    Desc, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
@@ -574,22 +575,50 @@ struct Expect {
     out: Vec<u8>,
 }
 
-struct Machine {
+/// Guest memory and its mapped ranges (start, end exclusive, sorted), as
+/// the driver ring writes it: a write covers whatever part of it is
+/// mapped, a read of unmapped bytes gives zeroes.
+struct Guest {
     mem: GuestMemoryMmap<()>,
-    /// Mapped ranges (start, end exclusive), sorted.
     ranges: Vec<(u64, u64)>,
+}
+
+impl DriverMemory for Guest {
+    fn write(&self, a: u64, bytes: &[u8]) {
+        for &(s, e) in &self.ranges {
+            let lo = a.max(s);
+            let hi = a.saturating_add(bytes.len() as u64).min(e);
+            if lo < hi {
+                let o = (lo - a) as usize;
+                let _ = self
+                    .mem
+                    .write_slice(&bytes[o..o + (hi - lo) as usize], GuestAddress(lo));
+            }
+        }
+    }
+
+    fn read(&self, a: u64, buf: &mut [u8]) {
+        let _ = self.mem.read_slice(buf, GuestAddress(a));
+    }
+}
+
+struct Machine {
+    guest: Guest,
     reg: SessionRegistry,
     worker: QueueWorker,
-    ring: RingAddrs,
+    /// The ring and the driver's avail index.
+    driver: DriverRing,
+    /// The device's indices (`process` moves them).
     next_avail: u16,
     next_used: u16,
-    avail_idx: u16,
-    /// Live sessions: (id, direction, key).
     /// Live sessions.
     sessions: Vec<LiveSession>,
     cursor: u64,
-    next_desc: u16,
-    next_slot: u64,
+    /// Ring descriptors for staged requests (freed by `process`).
+    descs: DescAlloc,
+    /// Indirect tables for staged requests: 8 slots of
+    /// [`INDIRECT_SLOT`] bytes from [`INDIRECT_AREA`] (freed by `process`).
+    tables: TableArea,
     pending: Vec<Expect>,
     /// Pushes since the last process call.
     pushed: u16,
@@ -654,7 +683,7 @@ fn build_memory(regions: &[RegionSpec]) -> Option<Memory> {
     Some((mem, ranges))
 }
 
-fn ring_addrs(size: u16, place: RingPlace, ranges: &[(u64, u64)]) -> RingAddrs {
+fn ring_addrs(size: u16, place: RingPlace, ranges: &[(u64, u64)]) -> SplitRing {
     let n = u64::from(size);
     let base = match (place, ranges.get(1)) {
         (RingPlace::InRegion1, Some(&(s, _))) => s,
@@ -663,7 +692,7 @@ fn ring_addrs(size: u16, place: RingPlace, ranges: &[(u64, u64)]) -> RingAddrs {
     let desc = base;
     let avail = base.wrapping_add((16 * n).max(0x1000));
     let used = avail.wrapping_add((6 + 2 * n).next_multiple_of(0x1000));
-    let mut a = RingAddrs {
+    let mut a = SplitRing {
         size,
         desc,
         avail,
@@ -728,7 +757,7 @@ impl Machine {
         };
         let mut at = a;
         while at < end {
-            match self.ranges.iter().find(|&&(s, e)| s <= at && at < e) {
+            match self.guest.ranges.iter().find(|&&(s, e)| s <= at && at < e) {
                 Some(&(_, e)) => at = e,
                 None => return false,
             }
@@ -738,26 +767,18 @@ impl Machine {
 
     /// Writes whatever part of `bytes` at `a` is mapped.
     fn poke(&self, a: u64, bytes: &[u8]) {
-        for &(s, e) in &self.ranges {
-            let lo = a.max(s);
-            let hi = a.saturating_add(bytes.len() as u64).min(e);
-            if lo < hi {
-                let o = (lo - a) as usize;
-                let _ = self
-                    .mem
-                    .write_slice(&bytes[o..o + (hi - lo) as usize], GuestAddress(lo));
-            }
-        }
+        self.guest.write(a, bytes);
     }
 
     fn peek(&self, a: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
-        let _ = self.mem.read_slice(&mut v, GuestAddress(a));
+        self.guest.read(a, &mut v);
         v
     }
 
     fn resolve(&mut self, at: Addr, size: u64) -> u64 {
-        let region = |idx: u8| self.ranges[usize::from(idx) % self.ranges.len()];
+        let ranges = &self.guest.ranges;
+        let region = |idx: u8| ranges[usize::from(idx) % ranges.len()];
         match at {
             Addr::Data(o) => DATA_START + u64::from(o) % (REGION0_SIZE - DATA_START),
             Addr::Region { idx, off } => region(idx).0.wrapping_add(off.into()),
@@ -775,19 +796,11 @@ impl Machine {
         }
     }
 
-    fn write_desc(&self, table: u64, idx: u16, d: Desc) {
-        self.poke(
-            table.wrapping_add(u64::from(idx) * DESC_SIZE as u64),
-            &d.to_bytes(),
-        );
-    }
-
+    /// Puts `head` on the avail ring and publishes the new index; returns
+    /// the avail index it went to.
     fn push(&mut self, head: u16) -> u16 {
-        let pos = self.avail_idx;
-        let slot = u64::from(pos % self.ring.size.max(1));
-        self.poke(self.ring.avail.wrapping_add(4 + 2 * slot), &head.to_le_bytes());
-        self.avail_idx = pos.wrapping_add(1);
-        self.poke(self.ring.avail.wrapping_add(2), &self.avail_idx.to_le_bytes());
+        let pos = self.driver.push(&self.guest, head);
+        self.driver.publish(&self.guest);
         self.pushed = self.pushed.wrapping_add(1);
         pos
     }
@@ -844,77 +857,39 @@ impl Machine {
         let status_at = dst_at.wrapping_add(len);
         self.poke(base, &readable);
 
-        let mut bufs: Vec<(u64, u64, bool)> = Vec::new();
+        let mut bufs = Vec::new();
         for (a, b) in rng.cuts(88 + len, extra, None) {
-            bufs.push((base.wrapping_add(a), b - a, false));
+            bufs.push(Buf::readable(base.wrapping_add(a), (b - a) as u32));
         }
         let must = if merged { None } else { Some(len) };
         for (a, b) in rng.cuts(len + 1, extra, must) {
-            bufs.push((dst_at.wrapping_add(a), b - a, true));
+            bufs.push(Buf::writable(dst_at.wrapping_add(a), (b - a) as u32));
         }
         // Ring slots: a direct chain if it fits, else one indirect table.
-        let size = self.ring.size;
         let n = bufs.len() as u16;
-        let indirect = s.shape & 1 != 0 || u32::from(self.next_desc) + u32::from(n) > u32::from(size);
-        if u32::from(self.next_desc) + 1 > u32::from(size) || (indirect && self.next_slot >= 8) {
+        let indirect = s.shape & 1 != 0 || n > self.descs.left();
+        if self.descs.left() == 0 {
             // Its bytes are written but it is not pushed.
             self.disturb();
             return;
         }
-        let head = self.next_desc;
-        let mut table_range = None;
-        if indirect {
-            let table = INDIRECT_AREA + self.next_slot * INDIRECT_SLOT;
-            self.next_slot += 1;
-            for (k, &(a, l, wr)) in bufs.iter().enumerate() {
-                let last = k + 1 == bufs.len();
-                let flags =
-                    if wr { VRING_DESC_F_WRITE } else { 0 } | if last { 0 } else { VRING_DESC_F_NEXT };
-                let next = if last { 0 } else { k as u16 + 1 };
-                self.write_desc(
-                    table,
-                    k as u16,
-                    Desc {
-                        addr: a,
-                        len: l as u32,
-                        flags,
-                        next,
-                    },
-                );
+        let table = match indirect.then(|| self.tables.take(bufs.len())) {
+            Some(None) => {
+                // No indirect slot left: not pushed either.
+                self.disturb();
+                return;
             }
-            let tlen = u64::from(n) * DESC_SIZE as u64;
-            self.write_desc(
-                self.ring.desc,
-                head,
-                Desc {
-                    addr: table,
-                    len: tlen as u32,
-                    flags: VRING_DESC_F_INDIRECT,
-                    next: 0,
-                },
-            );
-            self.next_desc += 1;
-            table_range = Some((table, table + tlen));
-        } else {
-            for (k, &(a, l, wr)) in bufs.iter().enumerate() {
-                let last = k + 1 == bufs.len();
-                let flags =
-                    if wr { VRING_DESC_F_WRITE } else { 0 } | if last { 0 } else { VRING_DESC_F_NEXT };
-                let idx = head + k as u16;
-                let next = if last { 0 } else { idx + 1 };
-                self.write_desc(
-                    self.ring.desc,
-                    idx,
-                    Desc {
-                        addr: a,
-                        len: l as u32,
-                        flags,
-                        next,
-                    },
-                );
-            }
-            self.next_desc += n;
-        }
+            t => t.flatten(),
+        };
+        let Some(head) = self.descs.take(if indirect { 1 } else { n }) else {
+            self.disturb();
+            return;
+        };
+        let table_range = table.map(|t| (t, t + DESC_SIZE as u64 * u64::from(n)));
+        match table {
+            Some(t) => self.driver.write_indirect(&self.guest, head, t, &bufs),
+            None => self.driver.write_chain(&self.guest, head, &bufs),
+        };
         let avail_pos = self.push(head);
 
         // What it must give.
@@ -949,7 +924,11 @@ impl Machine {
             self.disturb();
             return;
         }
-        let dst = bufs.iter().filter(|b| b.2).map(|&(a, l, _)| (a, l)).collect();
+        let dst = bufs
+            .iter()
+            .filter(|b| b.write)
+            .map(|b| (b.addr, u64::from(b.len)))
+            .collect();
         self.pending.push(Expect {
             avail_pos,
             head,
@@ -965,7 +944,7 @@ impl Machine {
     /// overlap the ring structures (then writes can create new descriptors
     /// mid-batch and no static set is exact).
     fn allowed_writes(&self) -> Option<Vec<(u64, u64)>> {
-        let a = self.ring;
+        let a = self.driver.ring();
         let n = u64::from(a.size);
         if a.size == 0 || a.size > 32768 || !a.size.is_power_of_two() {
             return Some(Vec::new());
@@ -982,26 +961,26 @@ impl Machine {
         }
         let table = self.peek(a.desc, (16 * n) as usize);
         let mut budget: u64 = 16 * 1024;
-        for d in table.chunks_exact(DESC_SIZE) {
-            let d = Desc::from_bytes(d.try_into().unwrap_or([0; DESC_SIZE]));
-            if d.flags & VRING_DESC_F_INDIRECT != 0 {
-                let len = u64::from(d.len) / 16 * 16;
-                let t = (d.addr, d.addr.saturating_add(len));
-                if len == 0 || structures.contains(&t) || !self.mapped(d.addr, len) {
+        let desc = |b: &[u8]| decode(b.try_into().unwrap_or([0; DESC_SIZE]));
+        for d in table.chunks_exact(DESC_SIZE).map(desc) {
+            let addr = d.addr().0;
+            if d.refers_to_indirect_table() {
+                let len = u64::from(d.len()) / 16 * 16;
+                let t = (addr, addr.saturating_add(len));
+                if len == 0 || structures.contains(&t) || !self.mapped(addr, len) {
                     continue;
                 }
                 // Keep the harness fast on tables full of huge indirect
                 // descriptors: past a budget, skip the check.
                 budget = budget.checked_sub(len / 16)?;
                 structures.push(t);
-                for e in self.peek(d.addr, len as usize).chunks_exact(DESC_SIZE) {
-                    let e = Desc::from_bytes(e.try_into().unwrap_or([0; DESC_SIZE]));
-                    if e.flags & VRING_DESC_F_WRITE != 0 && e.len > 0 {
-                        writable.push((e.addr, e.addr.saturating_add(e.len.into())));
+                for e in self.peek(addr, len as usize).chunks_exact(DESC_SIZE).map(desc) {
+                    if e.is_write_only() && e.len() > 0 {
+                        writable.push((e.addr().0, e.addr().0.saturating_add(e.len().into())));
                     }
                 }
-            } else if d.flags & VRING_DESC_F_WRITE != 0 && d.len > 0 {
-                writable.push((d.addr, d.addr.saturating_add(d.len.into())));
+            } else if d.is_write_only() && d.len() > 0 {
+                writable.push((addr, addr.saturating_add(d.len().into())));
             }
         }
         let overlap = |x: (u64, u64), y: (u64, u64)| x.0 < y.1 && y.0 < x.1;
@@ -1016,10 +995,10 @@ impl Machine {
 
     /// Copies every region into `into` (buffers reused between calls).
     fn snapshot(&self, into: &mut Vec<Vec<u8>>) {
-        into.resize_with(self.ranges.len(), Vec::new);
-        for (&(s, e), buf) in self.ranges.iter().zip(into.iter_mut()) {
+        into.resize_with(self.guest.ranges.len(), Vec::new);
+        for (&(s, e), buf) in self.guest.ranges.iter().zip(into.iter_mut()) {
             buf.resize((e - s) as usize, 0);
-            let _ = self.mem.read_slice(buf, GuestAddress(s));
+            let _ = self.guest.mem.read_slice(buf, GuestAddress(s));
         }
     }
 
@@ -1030,6 +1009,13 @@ impl Machine {
         self.snapshot(&mut before);
         let (na, nu) = (self.next_avail, self.next_used);
         let pushed = self.pushed;
+        let a = self.driver.ring();
+        let ring = RingAddrs {
+            size: a.size,
+            desc: a.desc,
+            avail: a.avail,
+            used: a.used,
+        };
         let (count0, _) = alloc::counts();
         // One batch per `process` call, called again while it completes
         // any (as the daemon's worker does). The device's own output may
@@ -1040,7 +1026,7 @@ impl Machine {
             loop {
                 let r = self
                     .worker
-                    .process(&self.mem, self.ring, &mut self.next_avail, &mut self.next_used);
+                    .process(&self.guest.mem, ring, &mut self.next_avail, &mut self.next_used);
                 all.completed += r.completed;
                 all.notify |= r.notify;
                 if r.completed == 0 || all.completed >= 65536 {
@@ -1075,7 +1061,7 @@ impl Machine {
             out.contained += 1;
             // Compare in chunks (memcmp), bytes only where a chunk differs.
             const CHUNK: usize = 64;
-            for ((&(s, _), b), a) in self.ranges.iter().zip(&before).zip(&after) {
+            for ((&(s, _), b), a) in self.guest.ranges.iter().zip(&before).zip(&after) {
                 let chunks = b.chunks(CHUNK).zip(a.chunks(CHUNK)).enumerate();
                 for (c, (bc, ac)) in chunks.filter(|(_, (bc, ac))| bc != ac) {
                     for (i, (x, y)) in bc.iter().zip(ac.iter()).enumerate().filter(|(_, (x, y))| x != y) {
@@ -1092,11 +1078,12 @@ impl Machine {
 
         // Staged requests: status, used length, output.
         let pending = std::mem::take(&mut self.pending);
-        let n = u64::from(self.ring.size);
+        let a = self.driver.ring();
+        let n = u64::from(a.size);
         let structures = [
-            (self.ring.desc, self.ring.desc.saturating_add(16 * n)),
-            (self.ring.avail, self.ring.avail.saturating_add(6 + 2 * n)),
-            (self.ring.used, self.ring.used.saturating_add(6 + 8 * n)),
+            (a.desc, a.desc.saturating_add(16 * n)),
+            (a.avail, a.avail.saturating_add(6 + 2 * n)),
+            (a.used, a.used.saturating_add(6 + 8 * n)),
         ];
         let overlap = |x: (u64, u64), y: (u64, u64)| x.0 < y.1 && y.0 < x.1;
         let disjoint = pending.iter().enumerate().all(|(i, p)| {
@@ -1111,13 +1098,7 @@ impl Machine {
         if self.clean && disjoint && u32::from(pushed) == r.completed && pushed as usize == pending.len() {
             for p in &pending {
                 let at = nu.wrapping_add(p.avail_pos.wrapping_sub(na));
-                let slot = self
-                    .ring
-                    .used
-                    .wrapping_add(4 + 8 * u64::from(at % self.ring.size));
-                let e = self.peek(slot, 8);
-                let id = u32::from_le_bytes([e[0], e[1], e[2], e[3]]);
-                let len = u32::from_le_bytes([e[4], e[5], e[6], e[7]]);
+                let UsedElem { id, len } = self.driver.used_elem(&self.guest, at);
                 let total: u64 = p.dst.iter().map(|d| d.1).sum::<u64>() - 1;
                 let what = format!(
                     "staged request at avail {} (head {}, {total} bytes)",
@@ -1143,8 +1124,8 @@ impl Machine {
         self.after = after;
         self.clean = true;
         self.pushed = 0;
-        self.next_desc = 0;
-        self.next_slot = 0;
+        self.descs.reset();
+        self.tables.reset();
     }
 }
 
@@ -1181,18 +1162,16 @@ pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
         },
     );
     let mut m = Machine {
-        mem,
-        ranges,
+        guest: Guest { mem, ranges },
         reg,
         worker,
-        ring,
+        driver: DriverRing::new(ring, p.start_idx),
         next_avail: p.start_idx,
         next_used: p.start_idx,
-        avail_idx: p.start_idx,
         sessions,
         cursor: DATA_START,
-        next_desc: 0,
-        next_slot: 0,
+        descs: DescAlloc::new(ring.size),
+        tables: TableArea::new(INDIRECT_AREA, INDIRECT_AREA + 8 * INDIRECT_SLOT, INDIRECT_SLOT),
         pending: Vec::new(),
         pushed: 0,
         clean: true,
@@ -1200,8 +1179,8 @@ pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
         after: Vec::new(),
         reference,
     };
-    m.poke(ring.avail.wrapping_add(2), &p.start_idx.to_le_bytes());
-    m.poke(ring.used.wrapping_add(2), &p.start_idx.to_le_bytes());
+    m.poke(ring.avail_idx(), &p.start_idx.to_le_bytes());
+    m.poke(ring.used_idx(), &p.start_idx.to_le_bytes());
     for op in &p.ops {
         match op {
             QOp::Desc {
@@ -1214,19 +1193,11 @@ pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
             } => {
                 let t = match table {
                     1..=8 => INDIRECT_AREA + u64::from(table - 1) * INDIRECT_SLOT,
-                    _ => m.ring.desc,
+                    _ => m.driver.ring().desc,
                 };
                 let addr = m.resolve(*addr, u64::from(*len).min(0x1000));
-                m.write_desc(
-                    t,
-                    *idx,
-                    Desc {
-                        addr,
-                        len: *len,
-                        flags: u16::from(*flags),
-                        next: *next,
-                    },
-                );
+                let d = Descriptor::new(addr, *len, u16::from(*flags), *next);
+                driver_ring::write_desc(&m.guest, t, *idx, &d);
                 m.disturb();
             }
             QOp::Header { at, hdr } => {
@@ -1250,8 +1221,8 @@ pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
                 m.disturb();
             }
             QOp::AvailIdx(i) => {
-                m.avail_idx = *i;
-                m.poke(m.ring.avail.wrapping_add(2), &i.to_le_bytes());
+                m.driver.set_avail_idx(*i);
+                m.poke(m.driver.ring().avail_idx(), &i.to_le_bytes());
                 m.disturb();
             }
             QOp::Process => m.process(&mut out),

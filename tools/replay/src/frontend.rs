@@ -66,15 +66,13 @@ use std::time::Duration;
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
-use vhost_user_crypto::virtq::descriptor::{
-    Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
 use vhost_user_crypto::wire::session::{
     close_request, create_request, reply_session_id, SessionAbi, SymSessionInfo,
 };
 use vhost_user_crypto::wire::vhost_user::{FrontendReq, Header, HDR_SIZE, MAX_PAYLOAD, REPLY, VERSION_1};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use crate::driver_ring::{self, encode, indirect_head, Buf, Descriptor, DriverRing, SplitRing, UsedElem};
 use crate::guest_mem::GuestMem;
 
 /// `VHOST_USER_F_PROTOCOL_FEATURES`.
@@ -82,8 +80,6 @@ const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const F_VERSION_1: u64 = 1 << 32;
 const F_INDIRECT_DESC: u64 = 1 << 28;
 const F_EVENT_IDX: u64 = 1 << 29;
-/// `VIRTQ_USED_F_NO_NOTIFY`.
-const USED_F_NO_NOTIFY: u16 = 1;
 
 /// How long the handshake, and each session or ring message after it, may
 /// wait for the backend's answer.
@@ -227,12 +223,8 @@ pub struct DriverQueue {
     mem: Arc<GuestMem>,
     /// Ring size.
     pub size: u16,
-    desc: u64,
-    avail: u64,
-    used: u64,
-    avail_idx: u16,
-    kicked_idx: u16,
-    last_used: u16,
+    /// The ring's addresses and the driver's avail and used indices.
+    ring: DriverRing,
     event_idx: bool,
     dpdk: bool,
     kick: EventFd,
@@ -288,19 +280,6 @@ pub struct SlotLayout {
     pub digest: u64,
 }
 
-/// Guest addresses of a split ring.
-#[derive(Debug, Clone, Copy)]
-pub struct RingGpa {
-    /// Entries.
-    pub size: u16,
-    /// Descriptor table.
-    pub desc: u64,
-    /// Avail ring.
-    pub avail: u64,
-    /// Used ring.
-    pub used: u64,
-}
-
 /// A completed request.
 #[derive(Debug, Clone, Copy)]
 pub struct Used {
@@ -323,12 +302,6 @@ fn align(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
-fn ring_bytes(size: u16) -> u64 {
-    // Descriptor table and avail ring, then the used ring on its own page.
-    let n = u64::from(size);
-    align(16 * n + 6 + 2 * n, RING_AREA_ALIGN) + align(6 + 8 * n, RING_AREA_ALIGN)
-}
-
 /// Bytes from a slot's start to its src buffer: the header, rounded up to
 /// a cache line.
 const SRC_OFFSET: u64 = 72u64.next_multiple_of(SLOT_ALIGN as u64);
@@ -348,29 +321,6 @@ fn slot_size(max_payload: usize, max_iv: usize) -> usize {
 /// bytes, in place). Requests of one shape in one buffer set have the same
 /// descriptors.
 type Shape = (u32, u32, u32, bool);
-
-/// The ring descriptor that points at an indirect table of `n` entries
-/// at `table`.
-fn indirect_head(table: u64, n: usize) -> Desc {
-    Desc {
-        addr: table,
-        len: 16 * n as u32,
-        flags: VRING_DESC_F_INDIRECT,
-        next: 0,
-    }
-}
-
-/// `d` as an entry of a direct chain starting at ring index `base`.
-fn chained(d: &Desc, base: u16) -> Desc {
-    Desc {
-        next: if d.flags & VRING_DESC_F_NEXT != 0 {
-            base + d.next
-        } else {
-            0
-        },
-        ..*d
-    }
-}
 
 impl DriverQueue {
     /// Slot count for a ring of `size` in `mode`.
@@ -442,13 +392,8 @@ impl DriverQueue {
 
     /// Guest addresses of this ring (size, descriptor table, avail and
     /// used rings).
-    pub fn ring_addrs(&self) -> RingGpa {
-        RingGpa {
-            size: self.size,
-            desc: self.desc,
-            avail: self.avail,
-            used: self.used,
-        }
+    pub fn ring_addrs(&self) -> SplitRing {
+        self.ring.ring()
     }
 
     /// A shared handle on the memory.
@@ -463,7 +408,7 @@ impl DriverQueue {
 
     /// Requests made available but not yet published to the backend.
     pub fn unpublished(&self) -> u16 {
-        self.avail_idx.wrapping_sub(self.kicked_idx)
+        self.ring.unpublished()
     }
 
     /// Requests in flight: submitted and not yet completed by a used
@@ -517,7 +462,7 @@ impl DriverQueue {
     /// [`DriverQueue::next_slot`] and its buffer set
     /// ([`DriverQueue::buf`]), for a caller that needs both.
     pub fn next_slot_set(&self) -> Option<(u16, usize)> {
-        let s = self.avail_idx % self.nslots;
+        let s = self.ring.avail_idx() % self.nslots;
         let b = self.buf(s);
         (!self.busy[b]).then_some((s, b))
     }
@@ -525,7 +470,7 @@ impl DriverQueue {
     /// The slot the request `k` places after the next one will use, if its
     /// buffer set is free now (for prefetching).
     pub fn slot_ahead(&self, k: u16) -> Option<u16> {
-        let s = self.avail_idx.wrapping_add(k) % self.nslots;
+        let s = self.ring.avail_idx().wrapping_add(k) % self.nslots;
         (!self.busy[self.buf(s)]).then_some(s)
     }
 
@@ -536,7 +481,7 @@ impl DriverQueue {
         // divides the slot count (a power of two no larger than the
         // slots' power of two with indirect tables, equal with direct
         // chains; checked where the queue is set up).
-        let b = usize::from(self.avail_idx.wrapping_add(k) % self.nbufs);
+        let b = usize::from(self.ring.avail_idx().wrapping_add(k) % self.nbufs);
         (!self.busy[b]).then_some(b)
     }
 
@@ -583,10 +528,7 @@ impl DriverQueue {
             DescMode::Indirect => slot,
         };
         self.take_slot_in(slot, b);
-        let pos = self.ring_pos(self.avail_idx);
-        self.mem
-            .write_if_changed(self.avail + 4 + 2 * pos, &head.to_le_bytes());
-        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.ring.push(&*self.mem, head);
     }
 
     /// [`DriverQueue::submit_request_in`]'s descriptors for `slot`, of
@@ -623,75 +565,50 @@ impl DriverQueue {
     /// the head.
     #[inline(never)]
     fn write_descs(&mut self, slot: u16, shape: Shape, unchanged: bool) -> u16 {
-        let (descs, n) = self.shape_descs(self.buf(slot), shape);
+        let (bufs, n) = self.shape_bufs(self.buf(slot), shape);
+        let mem = &*self.mem;
         match self.desc_mode {
             DescMode::Indirect => {
                 let l = self.layout(slot);
                 if !unchanged {
-                    for (i, d) in descs[..n].iter().enumerate() {
-                        self.mem.write_if_changed(l.table + 16 * i as u64, &d.to_bytes());
-                    }
+                    driver_ring::write_table(mem, l.table, &bufs[..n]);
                 }
                 // The slot's head descriptor may point at the set's table
                 // for another shape (another slot of the set changed it), or
                 // not at all yet.
-                let d = indirect_head(l.table, n);
-                self.mem
-                    .write_if_changed(self.desc + 16 * u64::from(slot), &d.to_bytes());
+                self.ring.write_desc(mem, slot, &indirect_head(l.table, n));
                 self.head_shape[usize::from(slot)] = Some(shape);
                 slot
             }
-            DescMode::Chain => {
-                let base = slot * DESCS_PER_REQUEST;
-                for (i, d) in descs[..n].iter().enumerate() {
-                    let d = chained(d, base);
-                    self.mem
-                        .write_if_changed(self.desc + 16 * u64::from(base + i as u16), &d.to_bytes());
-                }
-                base
-            }
+            DescMode::Chain => self.ring.write_chain(mem, slot * DESCS_PER_REQUEST, &bufs[..n]),
         }
     }
 
-    /// The descriptors of a request of `shape` (iv_len, len, digest_len,
-    /// in_place) in buffer set `b`, as [`DriverQueue::write_descs`] puts
-    /// them: header (72 bytes), IV, src, dst (src when in place), the hash
-    /// result when it has bytes, status, each but the last with NEXT and
-    /// `next` numbered from 0 (an indirect table's own numbering; a direct
-    /// chain adds its first index, [`chained`]). Returns them and how many.
-    fn shape_descs(&self, b: usize, shape: Shape) -> ([Desc; DESCS_PER_REQUEST as usize], usize) {
+    /// The buffers of a request of `shape` (iv_len, len, digest_len,
+    /// in_place) in buffer set `b`, in the order [`DriverQueue::write_descs`]
+    /// links them ([`driver_ring::chain`]): header (72 bytes), IV, src,
+    /// dst (src when in place), the hash result when it has bytes, status.
+    /// Returns them and how many.
+    fn shape_bufs(&self, b: usize, shape: Shape) -> ([Buf; DESCS_PER_REQUEST as usize], usize) {
         let (iv_len, len, digest_len, in_place) = shape;
         let l = self.set_layout(b);
         let dst = if in_place { l.src } else { l.dst };
         let all = [
-            (l.hdr, 72, 0),
-            (l.iv, iv_len, 0),
-            (l.src, len, 0),
-            (dst, len, VRING_DESC_F_WRITE),
-            (l.digest, digest_len, VRING_DESC_F_WRITE),
-            (l.status, 1, VRING_DESC_F_WRITE),
+            Buf::readable(l.hdr, 72),
+            Buf::readable(l.iv, iv_len),
+            Buf::readable(l.src, len),
+            Buf::writable(dst, len),
+            Buf::writable(l.digest, digest_len),
+            Buf::writable(l.status, 1),
         ];
-        let mut out = [Desc {
-            addr: 0,
-            len: 0,
-            flags: 0,
-            next: 0,
-        }; DESCS_PER_REQUEST as usize];
+        let mut out = [Buf::readable(0, 0); DESCS_PER_REQUEST as usize];
         let mut n = 0;
-        for (addr, len, flags) in all {
-            if len > 0 || addr != l.digest {
-                out[n] = Desc {
-                    addr,
-                    len,
-                    flags: flags | VRING_DESC_F_NEXT,
-                    next: n as u16 + 1,
-                };
+        for buf in all {
+            if buf.len > 0 || buf.addr != l.digest {
+                out[n] = buf;
                 n += 1;
             }
         }
-        // The status descriptor ends the chain.
-        out[n - 1].flags &= !VRING_DESC_F_NEXT;
-        out[n - 1].next = 0;
         (out, n)
     }
 
@@ -759,11 +676,12 @@ impl DriverQueue {
     #[cold]
     #[inline(never)]
     fn table_fault(&self, b: usize, shape: Shape) -> Option<String> {
-        let (descs, n) = self.shape_descs(b, shape);
+        let (bufs, n) = self.shape_bufs(b, shape);
         let table = self.set_layout(b).table;
-        (0..n)
-            .find(|&i| self.desc_at(table + 16 * i as u64) != descs[i].to_bytes())
-            .map(|i| format!("buffer set {b}'s indirect table, entry {i}"))
+        let bad = driver_ring::chain(&bufs[..n], 0)
+            .enumerate()
+            .find(|(i, d)| self.desc_at(table + 16 * *i as u64) != encode(d));
+        bad.map(|(i, _)| format!("buffer set {b}'s indirect table, entry {i}"))
     }
 
     /// Whether slot `slot`'s ring descriptor differs from the indirect
@@ -771,9 +689,9 @@ impl DriverQueue {
     #[cold]
     #[inline(never)]
     fn head_fault(&self, slot: u16, shape: Shape) -> Option<String> {
-        let n = self.shape_descs(self.buf(slot), shape).1;
+        let n = self.shape_bufs(self.buf(slot), shape).1;
         let d = indirect_head(self.layout(slot).table, n);
-        (self.desc_at(self.desc + 16 * u64::from(slot)) != d.to_bytes())
+        (self.desc_at(self.ring.ring().desc_at(slot)) != encode(&d))
             .then(|| format!("ring descriptor {slot} (indirect head)"))
     }
 
@@ -782,37 +700,22 @@ impl DriverQueue {
     #[cold]
     #[inline(never)]
     fn chain_fault(&self, slot: u16, shape: Shape) -> Option<String> {
-        let (descs, n) = self.shape_descs(usize::from(slot), shape);
+        let (bufs, n) = self.shape_bufs(usize::from(slot), shape);
         let base = slot * DESCS_PER_REQUEST;
-        (0..n)
-            .find(|&i| {
-                self.desc_at(self.desc + 16 * u64::from(base + i as u16))
-                    != chained(&descs[i], base).to_bytes()
-            })
-            .map(|i| format!("ring descriptor {} (chain of slot {slot})", base + i as u16))
+        let ring = self.ring.ring();
+        let bad = driver_ring::chain(&bufs[..n], base)
+            .zip(base..)
+            .find(|(d, i)| self.desc_at(ring.desc_at(*i)) != encode(d));
+        bad.map(|(_, i)| format!("ring descriptor {i} (chain of slot {slot})"))
     }
 
     /// Publishes the avail index and kicks the backend unless it asked not
     /// to be (avail_event with EVENT_IDX, else `VIRTQ_USED_F_NO_NOTIFY`).
     pub fn publish_and_kick(&mut self) -> io::Result<()> {
-        if self.avail_idx == self.kicked_idx {
+        let Some((old, new)) = self.ring.publish(&*self.mem) else {
             return Ok(());
-        }
-        self.mem.store_u16_release(self.avail + 2, self.avail_idx);
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let old = self.kicked_idx;
-        let new = self.avail_idx;
-        self.kicked_idx = new;
-        let need = if self.event_idx {
-            let event = self
-                .mem
-                .load_u16_acquire(self.used + 4 + 8 * u64::from(self.size));
-            // vring_need_event(event, new, old)
-            new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-        } else {
-            self.mem.load_u16_acquire(self.used) & USED_F_NO_NOTIFY == 0
         };
-        if need {
+        if self.ring.needs_kick(&*self.mem, self.event_idx, old, new) {
             self.kick.write(1)?;
         }
         Ok(())
@@ -851,9 +754,7 @@ impl DriverQueue {
             }
             // Going to sleep: ask for a notification at the next used entry
             // (used_event, VIRTIO 1.2 §2.7.7.2), then look once more.
-            self.mem
-                .store_u16_release(self.avail + 4 + 2 * u64::from(self.size), self.last_used);
-            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+            self.ring.set_used_event(&*self.mem, self.ring.last_used());
             self.try_reap(out);
             if completed(out) {
                 return Ok(());
@@ -879,17 +780,11 @@ impl DriverQueue {
     /// Collects the completed requests already on the used ring into `out`,
     /// without waiting.
     pub fn try_reap(&mut self, out: &mut Vec<Used>) {
-        let used_idx = self.mem.load_u16_acquire(self.used + 2);
-        // The next used index in a local, stored once after the loop
-        // (nothing in the loop reads `self.last_used`).
-        let mut next = self.last_used;
+        let used_idx = self.ring.used_idx(&*self.mem);
+        // The next used index in a local, stored once after the loop.
+        let mut next = self.ring.last_used();
         while next != used_idx {
-            let pos = self.ring_pos(next);
-            // The element (le32 id, le32 len) in one read.
-            let mut e = [0u8; 8];
-            self.mem.read(self.used + 4 + 8 * pos, &mut e);
-            let e = u64::from_le_bytes(e);
-            let (id, len) = (e as u32, (e >> 32) as u32);
+            let UsedElem { id, len } = self.ring.used_elem(&*self.mem, next);
             // A used id that names no request in flight (a backend bug the
             // caller reports) frees nothing and leaves what is owed as it
             // was: the request it should have named times out.
@@ -906,7 +801,7 @@ impl DriverQueue {
             out.push(Used { slot, len, id });
             next = next.wrapping_add(1);
         }
-        self.last_used = next;
+        self.ring.set_last_used(next);
     }
 
     /// Makes a raw request available in `slot`, its descriptors written
@@ -920,7 +815,7 @@ impl DriverQueue {
     ///
     /// # Errors
     /// Too many descriptors, or a direct chain on a queue in indirect mode.
-    pub fn submit_descs(&mut self, slot: u16, descs: &[Desc], indirect: bool) -> Result<u16, String> {
+    pub fn submit_descs(&mut self, slot: u16, descs: &[Descriptor], indirect: bool) -> Result<u16, String> {
         let b = self.buf(slot);
         if let Some(s) = self.shape.get_mut(b) {
             *s = None;
@@ -930,9 +825,7 @@ impl DriverQueue {
         }
         let head = self.raw_desc_images(slot, descs, indirect, |gpa, d| self.mem.write(gpa, &d))?;
         self.take_slot(slot);
-        let pos = self.ring_pos(self.avail_idx);
-        self.mem.write_u16(self.avail + 4 + 2 * pos, head);
-        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.ring.push(&*self.mem, head);
         Ok(head)
     }
 
@@ -948,7 +841,7 @@ impl DriverQueue {
     pub fn raw_desc_images(
         &self,
         slot: u16,
-        descs: &[Desc],
+        descs: &[Descriptor],
         indirect: bool,
         mut put: impl FnMut(u64, [u8; 16]),
     ) -> Result<u16, String> {
@@ -960,14 +853,14 @@ impl DriverQueue {
             }
             let table = self.layout(slot).table;
             for (i, d) in descs.iter().enumerate() {
-                put(table + 16 * i as u64, d.to_bytes());
+                put(table + 16 * i as u64, encode(d));
             }
             let d = indirect_head(table, descs.len());
             let head = match self.desc_mode {
                 DescMode::Indirect => slot,
                 DescMode::Chain => slot * DESCS_PER_REQUEST,
             };
-            put(self.desc + 16 * u64::from(head), d.to_bytes());
+            put(self.ring.ring().desc_at(head), encode(&d));
             Ok(head)
         } else {
             if self.desc_mode != DescMode::Chain {
@@ -980,20 +873,11 @@ impl DriverQueue {
             }
             let base = slot * DESCS_PER_REQUEST;
             for (i, d) in descs.iter().enumerate() {
-                let d = Desc {
-                    next: d.next.wrapping_add(base),
-                    ..*d
-                };
-                put(self.desc + 16 * u64::from(base + i as u16), d.to_bytes());
+                let d = Descriptor::new(d.addr().0, d.len(), d.flags(), d.next().wrapping_add(base));
+                put(self.ring.ring().desc_at(base + i as u16), encode(&d));
             }
             Ok(base)
         }
-    }
-
-    /// The ring position of avail or used index `idx`: `idx % size`, as
-    /// a mask (the size is a power of two, [`FrontendConfig::validate`]).
-    fn ring_pos(&self, idx: u16) -> u64 {
-        u64::from(idx & (self.size - 1))
     }
 
     /// Whether this queue lays requests out as direct chains.
@@ -1109,7 +993,8 @@ impl CryptoFrontend {
         // DriverQueue::set_ahead relies on this.
         assert!(nbufs > 0 && nslots % nbufs == 0, "buffer sets divide the slots");
         let ssize = slot_size(cfg.max_payload, cfg.max_iv);
-        let per_queue = ring_bytes(cfg.queue_size) + align(u64::from(nbufs) * ssize as u64, RING_AREA_ALIGN);
+        let ring_bytes = SplitRing::contiguous_bytes(cfg.queue_size, RING_AREA_ALIGN);
+        let per_queue = ring_bytes + align(u64::from(nbufs) * ssize as u64, RING_AREA_ALIGN);
         let need = (u64::from(cfg.queues) * per_queue + RING_AREA_ALIGN) as usize;
         let size = cfg.memory_bytes.max(need).next_multiple_of(2 << 20);
         let mem = Arc::new(GuestMem::new(size)?);
@@ -1121,37 +1006,21 @@ impl CryptoFrontend {
         let mut queues = Vec::new();
         let mut base = RING_AREA_ALIGN;
         for q in 0..usize::from(cfg.queues) {
-            let n = u64::from(cfg.queue_size);
-            let desc = base;
-            let avail = desc + 16 * n;
-            let used = align(avail + 6 + 2 * n, RING_AREA_ALIGN);
-            let slots_base = base + ring_bytes(cfg.queue_size);
+            let ring = SplitRing::contiguous(base, cfg.queue_size, RING_AREA_ALIGN);
+            let slots_base = base + ring_bytes;
             base += per_queue;
             let kick = EventFd::new(EFD_NONBLOCK)?;
             let call = EventFd::new(EFD_NONBLOCK)?;
             fe.set_vring_num(q, cfg.queue_size).map_err(v("SET_VRING_NUM"))?;
             fe.set_vring_base(q, 0).map_err(v("SET_VRING_BASE"))?;
-            let addr = VringConfigData {
-                queue_max_size: cfg.queue_size,
-                queue_size: cfg.queue_size,
-                flags: 0,
-                desc_table_addr: mem.va(desc),
-                used_ring_addr: mem.va(used),
-                avail_ring_addr: mem.va(avail),
-                log_addr: None,
-            };
-            fe.set_vring_addr(q, &addr).map_err(v("SET_VRING_ADDR"))?;
+            fe.set_vring_addr(q, &vring_config(&mem, ring))
+                .map_err(v("SET_VRING_ADDR"))?;
             fe.set_vring_kick(q, &kick).map_err(v("SET_VRING_KICK"))?;
             fe.set_vring_call(q, &call).map_err(v("SET_VRING_CALL"))?;
             queues.push(DriverQueue {
                 mem: mem.clone(),
                 size: cfg.queue_size,
-                desc,
-                avail,
-                used,
-                avail_idx: 0,
-                kicked_idx: 0,
-                last_used: 0,
+                ring: DriverRing::new(ring, 0),
                 event_idx,
                 dpdk: cfg.dpdk,
                 kick,
@@ -1301,15 +1170,7 @@ impl CryptoFrontend {
     pub fn restart_ring(&mut self, q: usize, base: u16) -> Result<(), Error> {
         let v = |what: &'static str| move |e| Error::Vhost(what, e);
         let dq = &self.queues[q];
-        let addr = VringConfigData {
-            queue_max_size: dq.size,
-            queue_size: dq.size,
-            flags: 0,
-            desc_table_addr: self.mem.va(dq.desc),
-            used_ring_addr: self.mem.va(dq.used),
-            avail_ring_addr: self.mem.va(dq.avail),
-            log_addr: None,
-        };
+        let addr = vring_config(&self.mem, dq.ring_addrs());
         let fe = &mut self.frontend;
         bounded(&self.sock, "the ring set-up", || {
             fe.set_vring_num(q, dq.size).map_err(v("SET_VRING_NUM"))?;
@@ -1319,6 +1180,20 @@ impl CryptoFrontend {
             fe.set_vring_call(q, &dq.call).map_err(v("SET_VRING_CALL"))?;
             Ok(())
         })
+    }
+}
+
+/// `SET_VRING_ADDR`'s payload for `ring` in `mem`: our addresses of its
+/// three parts (the backend translates them with the memory table).
+fn vring_config(mem: &GuestMem, ring: SplitRing) -> VringConfigData {
+    VringConfigData {
+        queue_max_size: ring.size,
+        queue_size: ring.size,
+        flags: 0,
+        desc_table_addr: mem.va(ring.desc),
+        used_ring_addr: mem.va(ring.used),
+        avail_ring_addr: mem.va(ring.avail),
+        log_addr: None,
     }
 }
 

@@ -295,6 +295,33 @@ impl Iterator for LineStarts {
     }
 }
 
+impl crate::driver_ring::DriverMemory for GuestMem {
+    #[inline]
+    fn write(&self, gpa: u64, bytes: &[u8]) {
+        GuestMem::write(self, gpa, bytes);
+    }
+
+    #[inline]
+    fn read(&self, gpa: u64, buf: &mut [u8]) {
+        GuestMem::read(self, gpa, buf);
+    }
+
+    #[inline]
+    fn write_if_changed(&self, gpa: u64, bytes: &[u8]) {
+        GuestMem::write_if_changed(self, gpa, bytes);
+    }
+
+    #[inline]
+    fn load_u16_acquire(&self, gpa: u64) -> u16 {
+        GuestMem::load_u16_acquire(self, gpa)
+    }
+
+    #[inline]
+    fn store_u16_release(&self, gpa: u64, v: u16) {
+        GuestMem::store_u16_release(self, gpa, v);
+    }
+}
+
 impl Drop for GuestMem {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly what `new` mapped.

@@ -2,8 +2,10 @@
 //! `vhost-crypto-replay`: a vhost-user frontend that replays virtio-crypto
 //! request traces against a backend, checks every result and measures.
 //!
-//! Modules: [`guest_mem`] (memfd guest memory), [`frontend`] (vhost-user
-//! negotiation, driver-side rings, session messages), [`trace`] (the JSON
+//! Modules: [`guest_mem`] (memfd guest memory), [`driver_ring`] (the
+//! driver side of a split ring, shared with the fuzz harness),
+//! [`frontend`] (vhost-user negotiation, request slots on the data rings,
+//! session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
 //! (benchmark traces), [`raw`] (descriptor-level requests), [`soak`]
 //! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`reference`](mod@reference) (the
@@ -11,6 +13,7 @@
 
 #![deny(missing_docs)]
 
+pub mod driver_ring;
 pub mod frontend;
 pub mod gen;
 pub mod guest_mem;

@@ -32,9 +32,9 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vhost_user_crypto::virtq::descriptor::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 
+use crate::driver_ring::{Descriptor, F_NEXT, F_WRITE};
 use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
 use crate::replay::{DST_CANARY, STATUS_CANARY};
 use crate::trace::{hex, unhex, ExpectStatus};
@@ -284,16 +284,11 @@ pub fn run_raw(
             status_at = d.at.map(|a| base + a + u64::from(d.len) - 1);
         }
         let last = i + 1 == n;
-        let flags = d.flags.unwrap_or(
-            if d.write { VRING_DESC_F_WRITE } else { 0 } | if last { 0 } else { VRING_DESC_F_NEXT },
-        );
+        let flags = d
+            .flags
+            .unwrap_or(if d.write { F_WRITE } else { 0 } | if last { 0 } else { F_NEXT });
         let next = d.next.unwrap_or(if last { 0 } else { i as u16 + 1 });
-        descs.push(Desc {
-            addr,
-            len: d.len,
-            flags,
-            next,
-        });
+        descs.push(Descriptor::new(addr, d.len, flags, next));
     }
     if let Some(s) = status_at {
         q.mem().write(s, &[STATUS_CANARY]);

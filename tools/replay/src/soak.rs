@@ -36,11 +36,11 @@ use std::time::{Duration, Instant};
 use algorithms::Direction;
 use clap::ValueEnum;
 use serde::Serialize;
-use vhost_user_crypto::virtq::descriptor::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vhost_user_crypto::wire::session::{SessionAbi, SymSessionInfo};
 use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, OP_DATA_REQ_SIZE};
 use zeroize::Zeroizing;
 
+use crate::driver_ring::{self, Buf, Descriptor};
 use crate::frontend::{
     CryptoFrontend, DescMode, Error, FrontendConfig, SlotLayout, Used, DESCS_PER_REQUEST, MAX_QUEUE_SIZE,
     MAX_RAW_DESCS,
@@ -558,7 +558,7 @@ impl Soak<'_, '_> {
     /// readable stream header | IV | src is one contiguous area (ending at
     /// the slot's src, see [`readable_start`]), cut anywhere; dst is cut
     /// into pieces `DST_GAP` bytes apart (returned too).
-    fn descs(&mut self, l: SlotLayout, len: u32, layout: Layout) -> (Vec<Desc>, Vec<u32>) {
+    fn descs(&mut self, l: SlotLayout, len: u32, layout: Layout) -> (Vec<Descriptor>, Vec<u32>) {
         let readable = 72 + 16 + len;
         let (r_cuts, d_cuts) = match layout {
             Layout::Direct | Layout::Indirect => (vec![72, 16, len], vec![len]),
@@ -576,29 +576,18 @@ impl Soak<'_, '_> {
         let mut out = Vec::with_capacity(r_cuts.len() + d_cuts.len() + 1);
         let mut at = readable_start(l);
         for n in r_cuts {
-            out.push((at, n, 0));
+            out.push(Buf::readable(at, n));
             at += u64::from(n);
         }
         debug_assert!(d_cuts.len() <= MAX_DST_PIECES);
         let mut at = l.dst;
         for &n in &d_cuts {
-            out.push((at, n, VRING_DESC_F_WRITE));
+            out.push(Buf::writable(at, n));
             at += u64::from(n + DST_GAP);
         }
-        out.push((l.status, 1, VRING_DESC_F_WRITE));
-        let last = out.len() - 1;
+        out.push(Buf::writable(l.status, 1));
         debug_assert!(out.len() <= MAX_RAW_DESCS);
-        let descs = out
-            .iter()
-            .enumerate()
-            .map(|(i, &(addr, len, flags))| Desc {
-                addr,
-                len,
-                flags: flags | if i == last { 0 } else { VRING_DESC_F_NEXT },
-                next: if i == last { 0 } else { i as u16 + 1 },
-            })
-            .collect();
-        (descs, d_cuts)
+        (driver_ring::chain(&out, 0).collect(), d_cuts)
     }
 
     /// Generates and submits request `seq`.
