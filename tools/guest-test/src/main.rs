@@ -15,6 +15,8 @@
 mod af_alg;
 
 use af_alg::{Op, Tfm, BLOCK};
+use rand_core::{Rng as _, SeedableRng as _};
+use rand_xoshiro::SplitMix64;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -103,34 +105,29 @@ fn clock_seed() -> u64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    let mut s = now.as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(32);
+    let s = now.as_nanos() as u64 ^ u64::from(std::process::id()).rotate_left(32);
     // One SplitMix64 round so that close clocks give unrelated seeds.
-    SplitMix64::next_of(&mut s)
+    SplitMix64::seed_from_u64(s).next_u64()
 }
 
-/// SplitMix64: tiny, deterministic, good enough to pick sizes and bytes.
-struct SplitMix64(u64);
+/// The test's picks (sizes, keys, IVs, data) from `rand_xoshiro`'s
+/// SplitMix64 started at state `seed`, so a `--seed` gives the same
+/// requests run after run.
+struct Picks(SplitMix64);
 
-impl SplitMix64 {
-    fn next_of(state: &mut u64) -> u64 {
-        *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = *state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+impl Picks {
+    fn new(seed: u64) -> Picks {
+        Picks(SplitMix64::seed_from_u64(seed))
     }
     fn next(&mut self) -> u64 {
-        Self::next_of(&mut self.0)
+        self.0.next_u64()
     }
     /// Uniform-ish value in `lo..=hi` (the modulo bias is irrelevant here).
     fn range(&mut self, lo: usize, hi: usize) -> usize {
         lo + (self.next() % (hi - lo + 1) as u64) as usize
     }
     fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
+        self.0.fill_bytes(buf);
     }
     fn key(&mut self) -> Vec<u8> {
         let len = [16, 24, 32][self.range(0, 2)];
@@ -452,7 +449,7 @@ impl Pair {
 
 /// Picks a request size: a multiple of 16 in 16..=32 KiB, biased towards
 /// small sizes but covering the whole range.
-fn pick_size(rng: &mut SplitMix64, i: usize) -> usize {
+fn pick_size(rng: &mut Picks, i: usize) -> usize {
     let max_blocks = MAX_CROSS_SIZE / BLOCK;
     let blocks = match i {
         0 => 1,
@@ -471,7 +468,7 @@ fn cross_check(cfg: &Config, fails: &mut Vec<String>) {
         "== random cross-check {VIRTIO} vs {REFERENCE}: seed=0x{:016x} ops={}",
         cfg.seed, cfg.ops
     );
-    let mut rng = SplitMix64(cfg.seed);
+    let mut rng = Picks::new(cfg.seed);
     let mut pair = match Pair::new() {
         Ok(p) => p,
         Err(e) => {
@@ -586,7 +583,7 @@ fn rekey(cfg: &Config, fails: &mut Vec<String>) {
 }
 
 fn rekey_inner(cfg: &Config) -> Result<String, String> {
-    let mut rng = SplitMix64(cfg.seed ^ 0x5245_4b45_595f_5445);
+    let mut rng = Picks::new(cfg.seed ^ 0x5245_4b45_595f_5445);
     let dev = Tfm::bind(VIRTIO)?;
     let reference = Tfm::bind(REFERENCE)?;
     // 128 -> 256 -> 192 -> 128 again (a different key) -> back to the first.
@@ -684,7 +681,7 @@ fn speed_inner(cfg: &Config) -> Result<(), String> {
     reference.set_key(&key)?;
     let rop = reference.accept()?;
     let budget = Duration::from_secs_f64(cfg.speed_secs);
-    let mut rng = SplitMix64(cfg.seed ^ 0x0053_5045_4544);
+    let mut rng = Picks::new(cfg.seed ^ 0x0053_5045_4544);
     for size in SPEED_SIZES {
         let mut input = vec![0; size];
         rng.fill(&mut input);

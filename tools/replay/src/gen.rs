@@ -10,7 +10,8 @@ use algorithms::Direction;
 use clap::ValueEnum;
 
 use crate::reference::aes_cbc;
-use crate::trace::{hex, Rng};
+use crate::rng::{self, Rng as _};
+use crate::trace::hex;
 
 /// Which opcodes a generated trace uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,11 +66,11 @@ pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
     if o.sessions == 0 {
         return Err(bad("--sessions must be at least 1".into()));
     }
-    let mut rng = Rng::new(o.seed);
+    let mut rng = rng::seeded(o.seed);
     let mut keys = Vec::new();
     for s in 0..o.sessions {
         let mut key = vec![0u8; o.key_bits as usize / 8];
-        rng.fill(&mut key);
+        rng.fill_bytes(&mut key);
         for dir in ["encrypt", "decrypt"] {
             writeln!(
                 w,
@@ -89,8 +90,8 @@ pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
             GenOpcode::Mixed if i % 2 == 0 => Direction::Encrypt,
             GenOpcode::Mixed => Direction::Decrypt,
         };
-        rng.fill(&mut iv);
-        rng.fill(&mut src);
+        rng.fill_bytes(&mut iv);
+        rng.fill_bytes(&mut src);
         let mut dst = src.clone();
         aes_cbc(dir, &keys[s], &iv, &mut dst).map_err(|e| bad(e.to_string()))?;
         let name = if dir == Direction::Encrypt {

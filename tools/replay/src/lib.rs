@@ -20,6 +20,7 @@ pub mod guest_mem;
 pub mod raw;
 pub mod reference;
 pub mod replay;
+pub mod rng;
 pub mod soak;
 pub mod spawn;
 pub mod trace;

@@ -3,8 +3,8 @@
 //! fly from a seed, every completion checked, with sessions closed and
 //! re-created ("rekeyed") while other requests are in flight.
 //!
-//! Each request gets, from one splitmix64 stream consumed in submission
-//! order: a session among `sessions` slots (AES-128/192/256, encrypt or
+//! Each request gets, from one splitmix64 stream ([`crate::rng`])
+//! consumed in submission order: a session among `sessions` slots (AES-128/192/256, encrypt or
 //! decrypt), a data queue, a size (a multiple of 16 from 16 bytes up to
 //! `max_size`, most of them small), a descriptor layout (a direct chain or
 //! an indirect table, in the five natural pieces or cut at random byte
@@ -46,7 +46,8 @@ use crate::frontend::{
     MAX_RAW_DESCS,
 };
 use crate::replay::{put_status_area, status_and_guard};
-use crate::trace::{ExpectStatus, Rng};
+use crate::rng::{self, below, Rng as _, SplitMix64};
+use crate::trace::ExpectStatus;
 
 /// Written over each output buffer (and the 16 bytes after it) before submission.
 pub const DST_CANARY: u8 = 0x5A;
@@ -382,7 +383,7 @@ struct Pending {
 struct Soak<'a, 'o> {
     fe: &'a mut CryptoFrontend,
     o: &'a SoakOptions,
-    rng: Rng,
+    rng: SplitMix64,
     sess: Vec<SessSlot>,
     closed: Vec<u64>,
     pending: Vec<Vec<Option<Pending>>>,
@@ -414,7 +415,7 @@ struct DescsPut {
 }
 
 /// Cuts `total` into `pieces` lengths of at least one byte each, at random offsets.
-fn cuts(rng: &mut Rng, total: u32, pieces: usize) -> Vec<u32> {
+fn cuts(rng: &mut SplitMix64, total: u32, pieces: usize) -> Vec<u32> {
     let pieces = pieces.clamp(1, total as usize);
     let mut points: Vec<u32> = (1..pieces)
         .map(|_| 1 + (rng.next_u64() % u64::from(total - 1)) as u32)
@@ -424,10 +425,6 @@ fn cuts(rng: &mut Rng, total: u32, pieces: usize) -> Vec<u32> {
     points.sort_unstable();
     points.dedup();
     points.windows(2).map(|p| p[1] - p[0]).collect()
-}
-
-fn below(rng: &mut Rng, n: u64) -> u64 {
-    rng.next_u64() % n
 }
 
 impl Soak<'_, '_> {
@@ -452,7 +449,7 @@ impl Soak<'_, '_> {
     fn new_session(&mut self) -> Result<SessSlot, Error> {
         let len = [16usize, 24, 32][below(&mut self.rng, 3) as usize];
         let mut key = Zeroizing::new(vec![0u8; len]);
-        self.rng.fill(&mut key);
+        self.rng.fill_bytes(&mut key);
         let dir = if below(&mut self.rng, 2) == 0 {
             Direction::Encrypt
         } else {
@@ -626,11 +623,11 @@ impl Soak<'_, '_> {
         let len = self.pick_size();
         let layout = self.pick_layout();
         let mut iv = [0u8; 16];
-        self.rng.fill(&mut iv);
+        self.rng.fill_bytes(&mut iv);
 
         let slot = self.room(q)?;
         let src = &mut self.srcs[q][usize::from(slot)];
-        self.rng.fill(&mut src[..len as usize]);
+        self.rng.fill_bytes(&mut src[..len as usize]);
         let hdr = request_header(dir, sid, len);
         let l = self.fe.queues[q].layout(slot);
         let (descs, d_cuts) = self.descs(l, len, layout);
@@ -993,7 +990,7 @@ pub fn soak(
     let mut run = Soak {
         fe,
         o,
-        rng: Rng::new(o.seed),
+        rng: rng::seeded(o.seed),
         sess: Vec::new(),
         closed: Vec::new(),
         pending,
@@ -1055,7 +1052,7 @@ mod tests {
 
     #[test]
     fn cuts_cover_the_length_with_non_empty_pieces() {
-        let mut rng = Rng::new(7);
+        let mut rng = rng::seeded(7);
         for total in [1u32, 2, 17, 104, 16384 + 88] {
             for pieces in 1..=8 {
                 let c = cuts(&mut rng, total, pieces);

@@ -39,6 +39,7 @@ use zeroize::Zeroizing;
 
 use crate::frontend::DIGEST_AREA;
 use crate::raw::RawReq;
+use crate::rng::{self, Rng as _, SplitMix64};
 
 /// Expected request status (`VIRTIO_CRYPTO_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Hash, PartialOrd, Ord)]
@@ -411,34 +412,6 @@ pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// A small deterministic PRNG (splitmix64) for generated data.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded generator.
-    pub fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
-    }
-
-    /// Next 64 bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Fills `buf`.
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for c in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            c.copy_from_slice(&v[..c.len()]);
-        }
-    }
-}
-
 /// One generated chained request: random IV and message; the cipher
 /// covers `[cipher_offset, size)`, the MAC all of src (encrypt: of the
 /// output). Expected values come from the tool's reference cipher
@@ -455,12 +428,12 @@ fn generate_chained(
     size: usize,
     cipher_offset: usize,
     in_place: bool,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
 ) -> Req {
     let mut iv = [0u8; 16];
     let mut msg = vec![0u8; size];
-    rng.fill(&mut iv);
-    rng.fill(&mut msg);
+    rng.fill_bytes(&mut iv);
+    rng.fill_bytes(&mut msg);
     let dl = c.digest_len as usize;
     let cipher = |dir: Direction, data: &mut [u8]| aes_cbc(dir, key, &iv, &mut data[cipher_offset..]).is_ok();
     let ok = session_dir == opcode && dl <= c.mac.output_len();
@@ -686,7 +659,7 @@ impl Trace {
                                 "generate size {size} with cipher_offset {co}: the cipher range is not whole blocks"
                             )));
                         }
-                        let mut rng = Rng::new(seed);
+                        let mut rng = rng::seeded(seed);
                         for _ in 0..count {
                             t.push_request(generate_chained(
                                 n,
@@ -708,12 +681,12 @@ impl Trace {
                             "generate size {size} is not a positive multiple of 16"
                         )));
                     }
-                    let mut rng = Rng::new(seed);
+                    let mut rng = rng::seeded(seed);
                     for _ in 0..count {
                         let mut iv = vec![0u8; 16];
                         let mut src = vec![0u8; size];
-                        rng.fill(&mut iv);
-                        rng.fill(&mut src);
+                        rng.fill_bytes(&mut iv);
+                        rng.fill_bytes(&mut src);
                         let mut dst = src.clone();
                         let ivb: [u8; 16] = iv.clone().try_into().unwrap_or([0; 16]);
                         let ok = *dir == opcode && aes_cbc(opcode.into(), key, &ivb, &mut dst).is_ok();
