@@ -32,7 +32,13 @@ use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::{session_set, SessionRegistry};
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::wire::session::SymSessionInfo;
-use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
+use vhost_user_crypto::wire::virtio_crypto::{
+    virtio_crypto_opcode, OpDataReq, Status, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_DECRYPT,
+    VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_MAC_HMAC_SHA1, VIRTIO_CRYPTO_MAC_HMAC_SHA_256,
+    VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH,
+    VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER, VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH,
+    VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
 use vhost_user_crypto::worker::{BatchResult, QueueWorker};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -54,12 +60,16 @@ pub const MAX_OPS: usize = 96;
 /// Request size limit given to the worker.
 pub const MAX_REQUEST_BYTES: u32 = 1 << 20;
 
-const ENCRYPT: u32 = 0;
-const DECRYPT: u32 = 1;
-const OK: u8 = 0;
-const ERR: u8 = 1;
-const NOTSUPP: u8 = 3;
-const INVSESS: u8 = 4;
+/// `VIRTIO_CRYPTO_AKCIPHER_ENCRYPT` (VIRTIO 1.2 §5.9.7.2: service
+/// AKCIPHER 4, operation 0), an opcode this device does not serve.
+pub const AKCIPHER_ENCRYPT: u32 = virtio_crypto_opcode(4, 0);
+
+const ENCRYPT: u32 = VIRTIO_CRYPTO_CIPHER_ENCRYPT;
+const DECRYPT: u32 = VIRTIO_CRYPTO_CIPHER_DECRYPT;
+const OK: u8 = Status::Ok as u8;
+const ERR: u8 = Status::Err as u8;
+const NOTSUPP: u8 = Status::NotSupp as u8;
+const INVSESS: u8 = Status::InvSess as u8;
 
 /// Where an extra region starts relative to the end of the previous one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,7 +333,7 @@ impl SessionSpec {
 
     /// The model's record of this session once created with `id`.
     fn live(&self, id: u64) -> LiveSession {
-        let dir = if self.direction == 1 {
+        let dir = if self.direction == VIRTIO_CRYPTO_OP_ENCRYPT {
             Direction::Encrypt
         } else {
             Direction::Decrypt
@@ -338,19 +348,27 @@ impl SessionSpec {
 
     fn info(&self) -> SymSessionInfo {
         let mut info = SymSessionInfo {
-            cipher_alg: 3,
+            cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
             key_len: self.key_len,
-            op_type: 1,
+            op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER as u8,
             direction: self.direction,
             ..Default::default()
         };
         info.cipher_key.copy_from_slice(&self.key());
         if self.chaining() {
-            info.op_type = 2;
-            info.hash_mode = 2;
-            info.hash_alg = if self.key_byte & 0x40 != 0 { 2 } else { 4 };
+            info.op_type = VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING as u8;
+            info.hash_mode = VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH;
+            info.hash_alg = if self.key_byte & 0x40 != 0 {
+                VIRTIO_CRYPTO_MAC_HMAC_SHA1
+            } else {
+                VIRTIO_CRYPTO_MAC_HMAC_SHA_256
+            };
             info.hash_result_len = 1 + u32::from(self.key_byte & 0x0f);
-            info.alg_chain_order = if self.direction == 1 { 2 } else { 1 };
+            info.alg_chain_order = if self.direction == VIRTIO_CRYPTO_OP_ENCRYPT {
+                VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH
+            } else {
+                VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER
+            };
             info.auth_key_len = 20;
             info.auth_key[..20].copy_from_slice(&self.key()[..20]);
         }
@@ -826,7 +844,7 @@ impl Machine {
             0 => DECRYPT,
             1 => ENCRYPT,
             2 => DECRYPT,
-            _ => 0x0400,
+            _ => AKCIPHER_ENCRYPT,
         };
         let in_place = s.shape & 2 != 0;
         let merged = s.shape & 4 != 0;
@@ -838,7 +856,7 @@ impl Machine {
             opcode,
             algo: 0,
             session_id: id,
-            op_type: 1,
+            op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER,
             iv_len: 16,
             src_data_len: len as u32,
             dst_data_len: len as u32,
@@ -895,7 +913,7 @@ impl Machine {
         // What it must give.
         let known = session.filter(|x| x.0 == id);
         let status = match (opcode, &known) {
-            (0x0400, _) => NOTSUPP,
+            (AKCIPHER_ENCRYPT, _) => NOTSUPP,
             (_, None) => INVSESS,
             (ENCRYPT, Some(x)) if x.1 != Direction::Encrypt => ERR,
             (DECRYPT, Some(x)) if x.1 != Direction::Decrypt => ERR,
@@ -1229,7 +1247,8 @@ pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
             QOp::Create(s) => {
                 let room = m.reg.len() < 16;
                 let id = m.reg.create(&s.info());
-                let valid = matches!(s.key_len, 16 | 24 | 32) && matches!(s.direction, 1 | 2);
+                let valid = matches!(s.key_len, 16 | 24 | 32)
+                    && matches!(s.direction, VIRTIO_CRYPTO_OP_ENCRYPT | VIRTIO_CRYPTO_OP_DECRYPT);
                 assert_eq!(id > 0, valid && room, "create {s:?} gave {id}");
                 if id > 0 {
                     m.sessions.push(s.live(id as u64));

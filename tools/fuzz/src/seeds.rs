@@ -5,18 +5,24 @@
 //! holds exactly `encode()` of each (and rewrites them with
 //! `FUZZ_CORPUS_REGEN=1`).
 
-use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
+use vhost_crypto_replay::driver_ring::{self, Buf};
+use vhost_user_crypto::wire::virtio_crypto::{
+    OpDataReq, VIRTIO_CRYPTO_CIPHER_AES_CBC, VIRTIO_CRYPTO_CIPHER_CREATE_SESSION,
+    VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_OP_DECRYPT,
+    VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
 
 use super::queue::{
-    Addr, Gap, QOp, QueueProgram, RegionSpec, RequestSpec, RingPlace, SessionSpec, REGION0_SIZE,
+    Addr, Gap, QOp, QueueProgram, RegionSpec, RequestSpec, RingPlace, SessionSpec, AKCIPHER_ENCRYPT,
+    REGION0_SIZE,
 };
 use super::session::{Payload, SOp, SessionProgram};
 
-const ENCRYPT: u32 = 0;
-const DECRYPT: u32 = 1;
-const F_NEXT: u8 = 1;
-const F_WRITE: u8 = 2;
-const F_INDIRECT: u8 = 4;
+const ENCRYPT: u32 = VIRTIO_CRYPTO_CIPHER_ENCRYPT;
+const DECRYPT: u32 = VIRTIO_CRYPTO_CIPHER_DECRYPT;
+/// Descriptor flags as [`QOp::Desc`] carries them (the low byte).
+const F_NEXT: u8 = driver_ring::F_NEXT as u8;
+const F_INDIRECT: u8 = driver_ring::F_INDIRECT as u8;
 
 /// Baseline addresses in region 0 (D0..D4 of the cases file, scaled down).
 const H: u64 = 0x8000;
@@ -38,7 +44,7 @@ fn hdr(opcode: u32, session_id: u64, src: u32, dst: u32) -> OpDataReq {
         opcode,
         algo: 0,
         session_id,
-        op_type: 1,
+        op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER,
         iv_len: 16,
         src_data_len: src,
         dst_data_len: dst,
@@ -50,22 +56,22 @@ fn std_sessions() -> Vec<SessionSpec> {
     vec![
         SessionSpec {
             key_len: 16,
-            direction: 1,
+            direction: VIRTIO_CRYPTO_OP_ENCRYPT,
             key_byte: 0x2b,
         },
         SessionSpec {
             key_len: 16,
-            direction: 2,
+            direction: VIRTIO_CRYPTO_OP_DECRYPT,
             key_byte: 0x2b,
         },
         SessionSpec {
             key_len: 32,
-            direction: 1,
+            direction: VIRTIO_CRYPTO_OP_ENCRYPT,
             key_byte: 0x60,
         },
         SessionSpec {
             key_len: 24,
-            direction: 2,
+            direction: VIRTIO_CRYPTO_OP_DECRYPT,
             key_byte: 0x8e,
         },
     ]
@@ -93,34 +99,38 @@ fn desc(idx: u16, addr: u64, len: u32, flags: u8, next: u16) -> QOp {
     }
 }
 
+/// `bufs` (addr, len, writable) as buffers.
+fn bufs_of(bufs: &[(u64, u32, bool)]) -> Vec<Buf> {
+    bufs.iter()
+        .map(|&(addr, len, write)| Buf { addr, len, write })
+        .collect()
+}
+
 /// A chain of (addr, len, writable) at ring slots first.., pushed.
 fn chain(first: u16, bufs: &[(u64, u32, bool)]) -> Vec<QOp> {
-    let mut ops = Vec::new();
-    for (k, &(a, l, wr)) in bufs.iter().enumerate() {
-        let last = k + 1 == bufs.len();
-        let flags = if wr { F_WRITE } else { 0 } | if last { 0 } else { F_NEXT };
-        let idx = first + k as u16;
-        ops.push(desc(idx, a, l, flags, if last { 0 } else { idx + 1 }));
-    }
+    let bufs = bufs_of(bufs);
+    let mut ops: Vec<QOp> = driver_ring::chain(&bufs, first)
+        .zip(first..)
+        .map(|(d, idx)| desc(idx, d.addr().0, d.len(), d.flags() as u8, d.next()))
+        .collect();
     ops.push(QOp::Push(first));
     ops
 }
 
 /// The same buffers in indirect slot `slot`, head at ring slot `head`.
 fn indirect(head: u16, slot: u8, bufs: &[(u64, u32, bool)]) -> Vec<QOp> {
-    let mut ops = Vec::new();
-    for (k, &(a, l, wr)) in bufs.iter().enumerate() {
-        let last = k + 1 == bufs.len();
-        let flags = if wr { F_WRITE } else { 0 } | if last { 0 } else { F_NEXT };
-        ops.push(QOp::Desc {
+    let bufs = bufs_of(bufs);
+    let mut ops: Vec<QOp> = driver_ring::chain(&bufs, 0)
+        .zip(0..)
+        .map(|(d, idx)| QOp::Desc {
             table: 1 + slot,
-            idx: k as u16,
-            addr: Addr::Raw(a),
-            len: l,
-            flags,
-            next: if last { 0 } else { k as u16 + 1 },
-        });
-    }
+            idx,
+            addr: Addr::Raw(d.addr().0),
+            len: d.len(),
+            flags: d.flags() as u8,
+            next: d.next(),
+        })
+        .collect();
     ops.push(QOp::Desc {
         table: 0,
         idx: head,
@@ -227,7 +237,7 @@ pub fn queue_seeds() -> Vec<(&'static str, QueueProgram)> {
             hdr(ENCRYPT, 1, 0x7FFF_FFF0, 0x7FFF_FFF0),
             64,
         ),
-        ("h04-akcipher-opcode", hdr(0x0400, 1, 64, 64), 64),
+        ("h04-akcipher-opcode", hdr(AKCIPHER_ENCRYPT, 1, 64, 64), 64),
         ("h14-not-a-block-multiple", hdr(ENCRYPT, 1, 17, 17), 17),
     ] {
         let mut ops = stage(h, &PT);
@@ -478,12 +488,12 @@ pub fn queue_seeds() -> Vec<(&'static str, QueueProgram)> {
         QOp::Process,
         QOp::Create(SessionSpec {
             key_len: 24,
-            direction: 1,
+            direction: VIRTIO_CRYPTO_OP_ENCRYPT,
             key_byte: 9,
         }),
         QOp::Create(SessionSpec {
             key_len: 17,
-            direction: 1,
+            direction: VIRTIO_CRYPTO_OP_ENCRYPT,
             key_byte: 9,
         }),
         req(0, 3, 4, 0, 3, Addr::Cursor),
@@ -515,10 +525,10 @@ fn create(abi: u8, layout: u8, key_len: u32, direction: u8) -> SOp {
         abi,
         payload: Payload::Layout {
             layout,
-            op_code: 2,
-            cipher_alg: 3,
+            op_code: VIRTIO_CRYPTO_CIPHER_CREATE_SESSION.into(),
+            cipher_alg: VIRTIO_CRYPTO_CIPHER_AES_CBC,
             key_len,
-            op_type: 1,
+            op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER as u8,
             direction,
             key_byte: 0x2b,
             patch_at: 0,

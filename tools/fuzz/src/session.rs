@@ -24,13 +24,14 @@ use algorithms::Direction;
 use vhost_user_crypto::proxy::{handle_create, AbiChoice};
 use vhost_user_crypto::sessions::session_set;
 use vhost_user_crypto::wire::session::{decode_close, decode_create, encode_create, SessionAbi};
+use vhost_user_crypto::wire::vhost_user::{FrontendReq, Header, REPLY, VERSION_1};
 
 use super::reader::{Reader, Writer};
 
 /// Most operations decoded from one input.
 pub const MAX_OPS: usize = 48;
 /// Largest payload (rust-vmm `vhost`'s limit).
-pub const MAX_PAYLOAD: usize = 4096;
+pub use vhost_user_crypto::wire::vhost_user::MAX_PAYLOAD;
 
 /// A CREATE payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,7 +209,6 @@ fn id_offset(abi: SessionAbi) -> usize {
 }
 
 const KEY_AT: usize = 56;
-const AUTH_KEY_AT: usize = 120;
 const AUTH_KEY_END: usize = 632;
 
 fn le32(p: &[u8], at: usize) -> u32 {
@@ -462,9 +462,12 @@ pub fn run_program(prog: &SessionProgram) -> Outcome {
                 let reply = handle_create(&mut reg, &p, choice);
                 // The reply, byte for byte.
                 let mut want = Vec::with_capacity(12 + p.len());
-                want.extend_from_slice(&26u32.to_le_bytes());
-                want.extend_from_slice(&5u32.to_le_bytes());
-                want.extend_from_slice(&(p.len() as u32).to_le_bytes());
+                let hdr = Header::new(
+                    FrontendReq::CREATE_CRYPTO_SESSION,
+                    VERSION_1 | REPLY,
+                    p.len() as u32,
+                );
+                want.extend_from_slice(&hdr.to_bytes());
                 want.extend_from_slice(&p);
                 let body = &mut want[12..];
                 // Both key arrays zeroed, as far as the payload holds them.

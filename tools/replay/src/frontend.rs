@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
 use vhost_user_crypto::wire::session::{
@@ -75,11 +75,14 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use crate::driver_ring::{self, encode, indirect_head, Buf, Descriptor, DriverRing, SplitRing, UsedElem};
 use crate::guest_mem::GuestMem;
 
-/// `VHOST_USER_F_PROTOCOL_FEATURES`.
-const F_PROTOCOL_FEATURES: u64 = 1 << 30;
-const F_VERSION_1: u64 = 1 << 32;
-const F_INDIRECT_DESC: u64 = 1 << 28;
-const F_EVENT_IDX: u64 = 1 << 29;
+/// `VHOST_USER_F_PROTOCOL_FEATURES` (QEMU `docs/interop/vhost-user.rst`).
+const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+/// `VIRTIO_F_VERSION_1` (VIRTIO 1.2 §6).
+const F_VERSION_1: u64 = 1 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+/// `VIRTIO_F_INDIRECT_DESC` (VIRTIO 1.2 §6).
+const F_INDIRECT_DESC: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+/// `VIRTIO_F_EVENT_IDX` (VIRTIO 1.2 §6).
+const F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 /// How long the handshake, and each session or ring message after it, may
 /// wait for the backend's answer.

@@ -32,7 +32,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
+use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, VIRTIO_CRYPTO_SYM_OP_CIPHER};
 
 use crate::driver_ring::{Descriptor, F_NEXT, F_WRITE};
 use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
@@ -58,8 +58,8 @@ pub struct RawHeader {
     /// Raw session id.
     #[serde(default)]
     pub session_id: Option<u64>,
-    /// `op_type` (default 1, CIPHER).
-    #[serde(default = "one")]
+    /// `op_type` (default `VIRTIO_CRYPTO_SYM_OP_CIPHER`, 1).
+    #[serde(default = "op_cipher")]
     pub op_type: u32,
     /// `iv_len`.
     pub iv_len: u32,
@@ -69,8 +69,8 @@ pub struct RawHeader {
     pub dst_len: u32,
 }
 
-fn one() -> u32 {
-    1
+fn op_cipher() -> u32 {
+    VIRTIO_CRYPTO_SYM_OP_CIPHER
 }
 
 /// One raw descriptor.

@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use vhost_user_crypto::wire::session::SymSessionInfo;
-use vhost_user_crypto::wire::virtio_crypto::{AlgChainPara, OpDataReq, OP_DATA_REQ_SIZE};
+use vhost_user_crypto::wire::virtio_crypto::{
+    AlgChainPara, OpDataReq, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
+    VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH,
+    VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
 
 use crate::frontend::{CryptoFrontend, Error, SlotLayout, Used, DIGEST_AREA};
 use crate::guest_mem::GuestMem;
@@ -120,12 +124,16 @@ pub(crate) fn status_and_guard(mem: &GuestMem, l: SlotLayout) -> (u8, bool) {
 fn request_header(req: &Req, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
     let mut hdr = OpDataReq {
         opcode: match req.opcode {
-            Dir::Encrypt => 0,
-            Dir::Decrypt => 1,
+            Dir::Encrypt => VIRTIO_CRYPTO_CIPHER_ENCRYPT,
+            Dir::Decrypt => VIRTIO_CRYPTO_CIPHER_DECRYPT,
         },
         algo: 0,
         session_id: sid,
-        op_type: if req.chain.is_some() { 2 } else { 1 },
+        op_type: if req.chain.is_some() {
+            VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING
+        } else {
+            VIRTIO_CRYPTO_SYM_OP_CIPHER
+        },
         iv_len: req.iv.len() as u32,
         src_data_len: req.src.len() as u32,
         dst_data_len: req.src.len() as u32,
@@ -559,14 +567,14 @@ impl<'a> Run<'a> {
         let mut info = SymSessionInfo::aes_cbc(
             key,
             match direction {
-                Dir::Encrypt => 1,
-                Dir::Decrypt => 2,
+                Dir::Encrypt => VIRTIO_CRYPTO_OP_ENCRYPT,
+                Dir::Decrypt => VIRTIO_CRYPTO_OP_DECRYPT,
             },
         );
         if let Some(c) = chain {
-            // ALGORITHM_CHAINING, hash_mode AUTH (spec §5.9.7.2.1).
-            info.op_type = 2;
-            info.hash_mode = 2;
+            // ALGORITHM_CHAINING, hash_mode AUTH (VIRTIO 1.2 §5.9.7.2.1).
+            info.op_type = VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING as u8;
+            info.hash_mode = VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH;
             info.hash_alg = c.mac.virtio();
             info.hash_result_len = c.digest_len;
             info.alg_chain_order = c.order.virtio();

@@ -37,7 +37,10 @@ use algorithms::Direction;
 use clap::ValueEnum;
 use serde::Serialize;
 use vhost_user_crypto::wire::session::{SessionAbi, SymSessionInfo};
-use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, OP_DATA_REQ_SIZE};
+use vhost_user_crypto::wire::virtio_crypto::{
+    OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
+    VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
 use zeroize::Zeroizing;
 
 use crate::driver_ring::{self, Buf, Descriptor};
@@ -51,8 +54,6 @@ use crate::trace::ExpectStatus;
 
 /// Written over each output buffer (and the 16 bytes after it) before submission.
 pub const DST_CANARY: u8 = 0x5A;
-const OK: u8 = 0;
-const INVSESS: u8 = 4;
 /// Canary bytes between the pieces of a cut dst (so a device that writes
 /// dst as one run from its first descriptor, ignoring the others'
 /// addresses, is caught) and after its last piece.
@@ -68,12 +69,12 @@ const MAX_REPORTED: usize = 10;
 fn request_header(dir: Direction, sid: u64, len: u32) -> [u8; OP_DATA_REQ_SIZE] {
     OpDataReq {
         opcode: match dir {
-            Direction::Encrypt => 0,
-            Direction::Decrypt => 1,
+            Direction::Encrypt => VIRTIO_CRYPTO_CIPHER_ENCRYPT,
+            Direction::Decrypt => VIRTIO_CRYPTO_CIPHER_DECRYPT,
         },
         algo: 0,
         session_id: sid,
-        op_type: 1,
+        op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER,
         iv_len: 16,
         src_data_len: len,
         dst_data_len: len,
@@ -439,8 +440,8 @@ impl Soak<'_, '_> {
         SymSessionInfo::aes_cbc(
             key,
             match dir {
-                Direction::Encrypt => 1,
-                Direction::Decrypt => 2,
+                Direction::Encrypt => VIRTIO_CRYPTO_OP_ENCRYPT,
+                Direction::Decrypt => VIRTIO_CRYPTO_OP_DECRYPT,
             },
         )
     }
@@ -782,9 +783,9 @@ impl Soak<'_, '_> {
             bad.push(format!("used id {} (head {})", u.id, p.head));
         }
         let (want_status, want_len) = if p.sess.is_some() {
-            (OK, p.len + 1)
+            (Status::Ok as u8, p.len + 1)
         } else {
-            (INVSESS, 1)
+            (Status::InvSess as u8, 1)
         };
         if status != want_status {
             bad.push(format!(

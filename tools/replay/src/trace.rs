@@ -37,6 +37,11 @@ use hmac::{Hmac, Mac as _};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use vhost_user_crypto::wire::virtio_crypto::{
+    Status, VIRTIO_CRYPTO_MAC_HMAC_SHA1, VIRTIO_CRYPTO_MAC_HMAC_SHA_256,
+    VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH, VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
+};
+
 use crate::frontend::DIGEST_AREA;
 use crate::raw::RawReq;
 use crate::rng::{self, Rng as _, SplitMix64};
@@ -60,26 +65,30 @@ pub enum ExpectStatus {
 impl ExpectStatus {
     /// The status byte.
     pub fn byte(self) -> u8 {
-        match self {
-            ExpectStatus::Ok => 0,
-            ExpectStatus::Err => 1,
-            ExpectStatus::Badmsg => 2,
-            ExpectStatus::Notsupp => 3,
-            ExpectStatus::Invsess => 4,
-        }
+        (match self {
+            ExpectStatus::Ok => Status::Ok,
+            ExpectStatus::Err => Status::Err,
+            ExpectStatus::Badmsg => Status::BadMsg,
+            ExpectStatus::Notsupp => Status::NotSupp,
+            ExpectStatus::Invsess => Status::InvSess,
+        }) as u8
     }
 
-    /// Name of a status byte.
+    /// Name of a status byte (`status N` for a value the spec does not
+    /// define).
     pub fn name(b: u8) -> String {
-        match b {
-            0 => "ok".into(),
-            1 => "err".into(),
-            2 => "badmsg".into(),
-            3 => "notsupp".into(),
-            4 => "invsess".into(),
-            5 => "nospc".into(),
-            other => format!("status {other}"),
-        }
+        const NAMES: [(Status, &str); 6] = [
+            (Status::Ok, "ok"),
+            (Status::Err, "err"),
+            (Status::BadMsg, "badmsg"),
+            (Status::NotSupp, "notsupp"),
+            (Status::InvSess, "invsess"),
+            (Status::NoSpc, "nospc"),
+        ];
+        NAMES
+            .iter()
+            .find(|(s, _)| *s as u8 == b)
+            .map_or_else(|| format!("status {b}"), |(_, name)| (*name).to_string())
     }
 }
 
@@ -131,8 +140,8 @@ impl MacName {
     /// The `VIRTIO_CRYPTO_MAC_*` value.
     pub fn virtio(self) -> u32 {
         match self {
-            MacName::HmacSha1 => 2,
-            MacName::HmacSha256 => 4,
+            MacName::HmacSha1 => VIRTIO_CRYPTO_MAC_HMAC_SHA1,
+            MacName::HmacSha256 => VIRTIO_CRYPTO_MAC_HMAC_SHA_256,
         }
     }
 
@@ -176,8 +185,8 @@ impl ChainOrder {
     /// The wire value.
     pub fn virtio(self) -> u8 {
         match self {
-            ChainOrder::HashThenCipher => 1,
-            ChainOrder::CipherThenHash => 2,
+            ChainOrder::HashThenCipher => VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
+            ChainOrder::CipherThenHash => VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH,
         }
     }
 }
