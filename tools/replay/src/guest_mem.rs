@@ -166,7 +166,7 @@ impl GuestMem {
     /// most [`PREFETCH_MAX`] bytes; a hint only).
     pub fn prefetch(&self, gpa: u64, len: usize) {
         for line in self.lines(gpa, len) {
-            vhost_user_crypto::crypto::prefetch_read(line as *const u8);
+            prefetch_read(line as *const u8);
         }
     }
 
@@ -174,7 +174,7 @@ impl GuestMem {
     /// writing (`PREFETCHW`; at most [`PREFETCH_MAX`] bytes; a hint only).
     pub fn prefetch_write(&self, gpa: u64, len: usize) {
         for line in self.lines(gpa, len) {
-            vhost_user_crypto::crypto::prefetch_write(line as *mut u8);
+            prefetch_write(line as *const u8);
         }
     }
 
@@ -182,14 +182,14 @@ impl GuestMem {
     /// without the line loop.
     pub fn prefetch_byte(&self, gpa: u64) {
         let off = self.check(gpa, 1);
-        vhost_user_crypto::crypto::prefetch_read(self.ptr.wrapping_add(off));
+        prefetch_read(self.ptr.wrapping_add(off));
     }
 
     /// [`GuestMem::prefetch_write`] of the one byte at `gpa`: its cache
     /// line, without the line loop.
     pub fn prefetch_write_byte(&self, gpa: u64) {
         let off = self.check(gpa, 1);
-        vhost_user_crypto::crypto::prefetch_write(self.ptr.wrapping_add(off));
+        prefetch_write(self.ptr.wrapping_add(off));
     }
 
     /// Host addresses of the cache lines the `len` bytes at `gpa` touch
@@ -253,6 +253,36 @@ impl GuestMem {
     }
 }
 
+/// A hint to load the cache line holding `p` (`PREFETCHT0`).
+#[inline(always)]
+fn prefetch_read(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 only hints the cache: it reads nothing
+    // architecturally and does not fault, whatever the address (Intel SDM
+    // vol. 2, "PREFETCHh").
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// A hint to take the cache line holding `p` for writing (`PREFETCHW`, a
+/// NOP on CPUs without it). `core::arch` has no stable intrinsic for it
+/// (`_MM_HINT_ET0` becomes `PREFETCHT0` unless the build enables
+/// `prfchw`), hence the one instruction of assembly.
+#[inline(always)]
+fn prefetch_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW only hints the cache: it writes nothing and does
+    // not fault, whatever the address (Intel SDM vol. 2, "PREFETCHW").
+    unsafe {
+        std::arch::asm!("prefetchw byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Most bytes one prefetch call asks for (longer buffers are streams the
 /// hardware prefetcher follows).
 pub const PREFETCH_MAX: usize = 1024;
@@ -261,7 +291,7 @@ pub const PREFETCH_MAX: usize = 1024;
 /// bytes; `PREFETCHT0`, a hint that never faults).
 pub fn prefetch(bytes: &[u8]) {
     for line in line_starts(bytes.as_ptr() as usize, bytes.len()) {
-        vhost_user_crypto::crypto::prefetch_read(line as *const u8);
+        prefetch_read(line as *const u8);
     }
 }
 
