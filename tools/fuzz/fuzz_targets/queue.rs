@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Descriptor rings, guest memory and sessions through `QueueWorker::process`
-//! (see `src/queue.rs`).
+//! (see `src/queue/`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
