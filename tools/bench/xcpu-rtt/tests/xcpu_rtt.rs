@@ -2,10 +2,20 @@
 //! `vuc-xcpu-rtt`, the vCPU placement probe of `tools/bench/compare.sh`:
 //! its argument checks, and a real measurement between CPUs 0 and 1.
 
-mod common;
+use std::process::Command;
 
+/// Runs the probe with `args`: its exit code (None if a signal ended it),
+/// stdout and stderr.
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    common::run_binary(env!("CARGO_BIN_EXE_vuc-xcpu-rtt"), args)
+    let out = Command::new(env!("CARGO_BIN_EXE_vuc-xcpu-rtt"))
+        .args(args)
+        .output()
+        .expect("run vuc-xcpu-rtt");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
