@@ -16,11 +16,21 @@ pub struct SpawnedDaemon {
 
 impl SpawnedDaemon {
     /// Starts `bin` (default: `vhost-user-crypto` next to this executable)
-    /// with `--socket-path` in a private directory and waits for its socket.
+    /// with `--socket-path` in a private directory and `--queues queues`,
+    /// and waits for its socket.
     ///
     /// # Errors
     /// The binary is missing, exits, or does not listen within 10 s.
     pub fn start(bin: Option<&Path>, queues: u16) -> io::Result<Self> {
+        Self::start_with(bin, &["--queues", &queues.to_string()])
+    }
+
+    /// [`SpawnedDaemon::start`] with the daemon options `args` after
+    /// `--socket-path`.
+    ///
+    /// # Errors
+    /// As [`SpawnedDaemon::start`].
+    pub fn start_with(bin: Option<&Path>, args: &[&str]) -> io::Result<Self> {
         let (bin, hint) = match bin {
             Some(b) => (b.to_path_buf(), "(--daemon-bin)"),
             None => (
@@ -46,8 +56,7 @@ impl SpawnedDaemon {
         let mut child = cmd
             .arg("--socket-path")
             .arg(&socket)
-            .arg("--queues")
-            .arg(queues.to_string())
+            .args(args)
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", bin.display())))?;
         let start = Instant::now();
@@ -74,6 +83,11 @@ impl SpawnedDaemon {
     /// The daemon's socket.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 

@@ -14,19 +14,10 @@ use vhost_user_crypto::wire::session::SessionAbi;
 
 #[path = "common/daemon.rs"]
 mod daemon;
-use daemon::spawn_daemon;
-
-#[path = "common/frontend_config.rs"]
-mod frontend_config;
-use frontend_config::one_queue;
+use daemon::{one_queue, spawn_daemon};
 
 fn trace(name: &str) -> Trace {
-    Trace::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tools/traces")
-            .join(name),
-    )
-    .unwrap()
+    Trace::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces").join(name)).unwrap()
 }
 
 fn run(sock: &Path, t: &Trace, abi: SessionAbi, mode: DescMode, queues: u16) -> Report {
@@ -72,7 +63,7 @@ fn known_answer_and_hostile_traces_in_every_layout() {
                     continue;
                 }
                 // Every run is a new connection to the same daemon.
-                let r = run(&daemon.sock, &t, abi, mode, 1);
+                let r = run(daemon.socket(), &t, abi, mode, 1);
                 assert_eq!(
                     r.mismatches, 0,
                     "{name} {abi:?} {mode:?}: {:?}",
@@ -98,7 +89,7 @@ fn several_queues() {
     )
     .unwrap();
     for mode in [DescMode::Indirect, DescMode::Chain] {
-        let r = run(&daemon.sock, &t, SessionAbi::C, mode, 4);
+        let r = run(daemon.socket(), &t, SessionAbi::C, mode, 4);
         assert_eq!(
             (r.requests, r.mismatches),
             (4001, 0),
@@ -125,7 +116,7 @@ fn generated_chained_requests_and_wrong_digests() {
         .as_bytes(),
     )
     .unwrap();
-    let r = run(&daemon.sock, &t, SessionAbi::A, DescMode::Indirect, 1);
+    let r = run(daemon.socket(), &t, SessionAbi::A, DescMode::Indirect, 1);
     assert_eq!((r.requests, r.mismatches), (900, 0), "{:?}", r.first_mismatches);
     assert_eq!(r.status_counts.get("ok"), Some(&900));
 
@@ -143,7 +134,7 @@ fn generated_chained_requests_and_wrong_digests() {
         .as_bytes(),
     )
     .unwrap();
-    let r = run(&daemon.sock, &t, SessionAbi::C, DescMode::Chain, 1);
+    let r = run(daemon.socket(), &t, SessionAbi::C, DescMode::Chain, 1);
     assert_eq!(r.requests, 4);
     assert_eq!(r.mismatches, 2, "{:?}", r.first_mismatches);
     assert_eq!(
@@ -168,7 +159,7 @@ fn a_wrong_expectation_is_reported_with_its_line() {
         .as_bytes(),
     )
     .unwrap();
-    let r = run(&daemon.sock, &t, SessionAbi::B, DescMode::Indirect, 1);
+    let r = run(daemon.socket(), &t, SessionAbi::B, DescMode::Indirect, 1);
     assert_eq!(r.mismatches, 2);
     assert_eq!(r.first_mismatches[0].line, 2);
     assert_eq!(r.first_mismatches[0].field, "dst[15..16]");
@@ -201,7 +192,7 @@ fn a_request_after_a_skipped_one_gets_its_own_header() {
         .as_bytes(),
     )
     .unwrap();
-    let r = run(&daemon.sock, &t, SessionAbi::B, DescMode::Indirect, 1);
+    let r = run(daemon.socket(), &t, SessionAbi::B, DescMode::Indirect, 1);
     assert_eq!(r.requests, 2);
     assert_eq!(r.mismatches, 1, "{:?}", r.first_mismatches);
     assert_eq!(r.first_mismatches[0].line, 3);
@@ -227,7 +218,7 @@ fn a_backend_that_stops_completing_ends_the_run_with_a_report() {
     .unwrap();
     let t = Trace::parse(&text[..]).unwrap();
     let cfg = one_queue(256, 32);
-    let mut fe = CryptoFrontend::connect(&daemon.sock, &cfg).unwrap();
+    let mut fe = CryptoFrontend::connect(daemon.socket(), &cfg).unwrap();
     let opts = ReplayOptions {
         repeat: 100_000,
         queue_depth: 32,
@@ -237,7 +228,7 @@ fn a_backend_that_stops_completing_ends_the_run_with_a_report() {
     };
     // The daemon stops (SIGSTOP) while the requests run, and goes on after
     // the report (so it can be killed).
-    let pid = daemon.child.id() as libc::pid_t;
+    let pid = daemon.pid() as libc::pid_t;
     let stopper = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         // SAFETY: kill(2) of our child, not reaped yet.
@@ -305,7 +296,7 @@ fn a_long_repeat_closes_each_pass_sessions_before_creating_them_again() {
 "#[..],
     )
     .unwrap();
-    let mut fe = CryptoFrontend::connect(&daemon.sock, &one_queue(256, 16)).unwrap();
+    let mut fe = CryptoFrontend::connect(daemon.socket(), &one_queue(256, 16)).unwrap();
     let opts = ReplayOptions {
         repeat: 1_100,
         queue_depth: 1,
