@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The seed corpus: programs built from the hostile-guest cases
-//! (`hostile-guest-cases.md`, H01..H17) and the shapes real guests send.
+//! The seed corpus: programs built from the hostile-guest cases H01–H17 of
+//! `docs/RELIABILITY.md` and the shapes real guests send.
 //! `tests/fuzz_corpus.rs` checks that `tools/fuzz/corpus/<target>/<name>`
 //! holds exactly `encode()` of each (and rewrites them with
 //! `FUZZ_CORPUS_REGEN=1`).
@@ -24,7 +24,8 @@ const DECRYPT: u32 = VIRTIO_CRYPTO_CIPHER_DECRYPT;
 const F_NEXT: u8 = driver_ring::F_NEXT as u8;
 const F_INDIRECT: u8 = driver_ring::F_INDIRECT as u8;
 
-/// Baseline addresses in region 0 (D0..D4 of the cases file, scaled down).
+/// Baseline addresses in region 0 (D0..D4 of `docs/RELIABILITY.md`'s
+/// baseline request, scaled down).
 const H: u64 = 0x8000;
 const IV: u64 = 0x9000;
 const SRC: u64 = 0xA000;

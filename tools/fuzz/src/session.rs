@@ -11,7 +11,7 @@
 //! Each message goes through `SessionAbi::detect`, `decode_create` /
 //! `decode_close` and `proxy::handle_create` /
 //! `SessionRegistry::close`, and is checked against a model written from
-//! the protocol reference (§1.3 offsets, §1.7 layout detection) and the
+//! `docs/PROTOCOL.md` (§3.1–§3.3 offsets, §3.4 layout detection) and the
 //! documented registry policy: the whole reply message byte for byte (id
 //! or negative status at 1064 in a 1072-byte payload, else at 0; key
 //! arrays zeroed), the
@@ -185,7 +185,7 @@ impl SessionProgram {
     }
 }
 
-/// Layout sizes and field offsets from the protocol reference §1.3 (not
+/// Layout sizes and field offsets from `docs/PROTOCOL.md` §3.1–§3.3 (not
 /// from the code under test).
 fn layout_size(abi: SessionAbi) -> usize {
     match abi {
@@ -282,7 +282,7 @@ struct Fields {
 fn model_layout(p: &[u8], choice: AbiChoice) -> Option<SessionAbi> {
     match choice {
         AbiChoice::Fixed(a) => Some(a),
-        // §1.7: 1072 bytes is C; at 632, A has op_code 2 at 8 and a
+        // PROTOCOL.md §3.4: 1072 bytes is C; at 632, A has op_code 2 at 8 and a
         // cipher_alg <= 14 at 12.
         AbiChoice::Auto => match p.len() {
             1072 => Some(SessionAbi::C),

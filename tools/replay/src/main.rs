@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! `vhost-crypto-replay`: replay a virtio-crypto request trace against a
-//! vhost-user backend, check every result and measure. See tools/README.md.
+//! vhost-user backend, check every result and measure. See tools/replay/README.md.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Trace format: JSON Lines, one operation per line (see `tools/README.md`).
+//! Trace format: JSON Lines, one operation per line (see `tools/replay/README.md`).
 //!
 //! ```text
 //! {"op":"create_session","name":"s1","algo":"aes-cbc","key":"<hex>","direction":"encrypt"}

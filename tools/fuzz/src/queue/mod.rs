@@ -18,7 +18,7 @@
 //!   [`CountingAlloc`](super::alloc::CountingAlloc));
 //! * every well-formed request staged since the last `process` (with
 //!   nothing else disturbing it) completed with the status and used length
-//!   of the cases file, and valid ones with the output of a reference
+//!   of `docs/PROTOCOL.md` §6 (H01–H17 of `docs/RELIABILITY.md`), and valid ones with the output of a reference
 //!   cipher ([`Reference`]): the fuzz target uses `algorithms`' single-stream
 //!   path ([`single_stream`], pinned by NIST vectors), the corpus replay in
 //!   `tests/fuzz_corpus.rs` OpenSSL, which shares no code with the daemon.

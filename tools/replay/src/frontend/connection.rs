@@ -151,7 +151,7 @@ impl CryptoFrontend {
         }
         if cfg.dpdk {
             // DPDK 22.11 installs its session handler only once every ring
-            // is enabled (protocol reference §5.7).
+            // is enabled (`docs/PROTOCOL.md` §9, and this module's notes).
             for q in 0..usize::from(cfg.queues) {
                 fe.set_vring_enable(q, true).map_err(v("SET_VRING_ENABLE"))?;
             }

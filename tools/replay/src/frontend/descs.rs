@@ -16,7 +16,7 @@ impl DriverQueue {
     /// repaired unseen before [`DriverQueue::check_descs`] looks: it is
     /// checked first (the first change found is kept for `check_descs`).
     /// Returns the head. (Out of line: the usual request rewrites nothing,
-    /// and its path stays as short as before this check.)
+    /// and its path stays short.)
     #[cold]
     #[inline(never)]
     pub(super) fn rewrite_descs(&mut self, slot: u16, b: usize, shape: Shape, unchanged: bool) -> u16 {

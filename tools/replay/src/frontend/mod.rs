@@ -147,7 +147,8 @@ pub struct FrontendConfig {
     pub session_abi: SessionAbi,
     /// Descriptor layout.
     pub desc_mode: DescMode,
-    /// Drive DPDK 22.11's vhost-crypto (protocol reference §5.7).
+    /// Drive DPDK 22.11's vhost-crypto (`docs/PROTOCOL.md` §9; the notes
+    /// above).
     pub dpdk: bool,
 }
 

@@ -243,7 +243,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     }
     let mut lat = run.latencies;
     if let Some(last) = lat.len().checked_sub(1) {
-        // The values a full sort would put at these ranks, found by
+        // The values a full sort would put at these ranks, got by
         // selection (linear, not n log n): after the first, the ranks
         // below it hold the smallest values, among which the second is.
         let rank = |p: f64| (last as f64 * p).round() as usize;

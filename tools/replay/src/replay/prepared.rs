@@ -201,7 +201,7 @@ impl Prepared<'_> {
     /// Starts loading what submitting the request reads of the arena: the
     /// IV and src. (Not its signature: the signature arena is read in
     /// order, a stream the hardware prefetcher follows; prefetching each
-    /// request's signature cost 14 instructions per request and measured
+    /// request's signature costs 14 instructions per request and is
     /// no faster.)
     #[inline(always)]
     pub(super) fn prefetch_submit(&self, h: &Hot) {

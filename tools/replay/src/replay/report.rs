@@ -87,7 +87,7 @@ pub struct Comparison {
     pub differences: u64,
     /// Requests whose used lengths differ (reported, not counted as
     /// differences: DPDK 22.11 reports dst + digest + 1 for a failed
-    /// verify too, this project 1; protocol reference §5.7).
+    /// verify too, this project 1; `docs/PROTOCOL.md` §6, §9).
     pub used_len_differences: u64,
     /// The first differences (field, first backend, second backend).
     pub first_differences: Vec<Mismatch>,

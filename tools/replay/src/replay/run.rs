@@ -291,7 +291,7 @@ impl<'a> Run<'a> {
             // more than the rest: they include the warm-up) and not always
             // the same queue's. (Reading the clock twice per request is a
             // tenth of the tool's time at a million requests per second; at
-            // one in 8 it was still 4 %.)
+            // one in 8 it is still 4 %.)
             let timed = self.time_all || in_hash_sample(seq);
             if timed {
                 self.started[q][usize::from(slot)] = Instant::now();
