@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side AES-128-CBC encrypt benchmark (issue 4), in one run:
+# Side-by-side AES-128-CBC encrypt benchmark, in one run:
 #
 #   ours     taskset -c 1 vhost-user-crypto --socket-path SOCK   (default options)
 #            driven by taskset -c 0 vhost-crypto-replay --socket SOCK --json
@@ -12,7 +12,7 @@
 #            cargo bench --bench engines -- encrypt-single-stream-x8
 #            (8 messages per iteration, each through key.start + process_in_place)
 #
-# Algorithm chaining (issue 6): ours-hmac and dpdk-hmac run AES-128-CBC +
+# Algorithm chaining: ours-hmac and dpdk-hmac run AES-128-CBC +
 # HMAC-SHA1 (12-byte digest) encrypt requests of 256 and 1500 bytes (the
 # cipher from byte size % 16, the MAC over all of it), in place as DPDK's
 # guest driver sends them, at depths 32 and 256, with the same commands.

@@ -148,7 +148,7 @@ def main():
             f" libipsec-mb {meta.get('ipsec_mb', 'n/a')}; commit {meta.get('commit', 'n/a')}, {meta.get('date', 'n/a')}"
         )
 
-    # Targets of issue 4.
+    # The targets of docs/PERFORMANCE.md.
     targets = []
 
     def target(name, got, want):
@@ -167,7 +167,7 @@ def main():
     target("16 KiB depth 32 ours/openssl", r16k and r16k["ours_over_openssl"], 0.9)
     target("16 KiB depth 32 ours/algos", r16k and r16k["ours_over_algos"], 0.9)
 
-    # Algorithm chaining (issue 6): AES-128-CBC + HMAC-SHA1-96 encrypt, in place.
+    # Algorithm chaining: AES-128-CBC + HMAC-SHA1-96 encrypt, in place.
     chain = []
     csizes = sorted({r["size"] for r in rows if r["system"] in ("ours-hmac", "dpdk-hmac")})
     cdepths = sorted({r["depth"] for r in rows if r["system"] in ("ours-hmac", "dpdk-hmac")})

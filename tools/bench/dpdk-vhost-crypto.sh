@@ -9,8 +9,8 @@
 #
 # The example is copied from /usr/share/dpdk/examples/vhost_crypto (dpdk-doc)
 # into target/dpdk-vhost-crypto/src and patched there so that its main lcore
-# sleeps instead of busy-waiting in rte_eal_wait_lcore() (protocol reference
-# §5.7), and so that its destroy_device callback gives the worker a grace
+# sleeps instead of busy-waiting in rte_eal_wait_lcore() (docs/PROTOCOL.md
+# §9), and so that its destroy_device callback gives the worker a grace
 # period before DPDK unmaps the device (see patch 2 below); nothing of DPDK is
 # kept in the repository. The app is the vhost-user *server*: it creates
 # SOCKET and listens (rte_vhost_driver_register without

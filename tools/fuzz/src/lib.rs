@@ -2,8 +2,9 @@
 //! Structure-aware fuzz harness for vhost-user-crypto.
 //!
 //! Shared by the libFuzzer targets in `fuzz_targets/` and by the main
-//! workspace's `tests/fuzz_corpus.rs`, which includes this file as a module
-//! (`#[path]`) and replays the corpus without a fuzzer. Module paths here
+//! workspace's `fuzz_corpus` test suite (`tests/fuzz_corpus/`), which
+//! includes this file as a module (`#[path]`) and replays the corpus
+//! without a fuzzer. Module paths here
 //! are therefore relative (`super::`), never `crate::`.
 //!
 //! * [`reader`]: byte decoding (any input is valid) and the matching encoder;

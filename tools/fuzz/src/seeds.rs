@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The seed corpus: programs built from the hostile-guest cases H01–H17 of
 //! `docs/RELIABILITY.md` and the shapes real guests send.
-//! `tests/fuzz_corpus.rs` checks that `tools/fuzz/corpus/<target>/<name>`
+//! the `fuzz_corpus` test suite checks that `tools/fuzz/corpus/<target>/<name>`
 //! holds exactly `encode()` of each (and rewrites them with
 //! `FUZZ_CORPUS_REGEN=1`).
 

@@ -15,7 +15,7 @@ truncated digests on decrypt (ERR), hostile chaining fields (ERR) and
 refused session parameters.
 
 chaining-dpdk.jsonl: what DPDK 22.11's vhost_crypto can be compared on
-(protocol reference §5.7): in-place requests, len_to_cipher =
+(docs/PROTOCOL.md §9): in-place requests, len_to_cipher =
 src_data_len - cipher_start_src_offset, payloads up to 2048 bytes, no
 request DPDK would reject (it never completes those); forged digests are
 in (DPDK completes them with ERR). Run with

@@ -21,7 +21,7 @@
 //!   of `docs/PROTOCOL.md` §6 (H01–H17 of `docs/RELIABILITY.md`), and valid ones with the output of a reference
 //!   cipher ([`Reference`]): the fuzz target uses `algorithms`' single-stream
 //!   path ([`single_stream`], pinned by NIST vectors), the corpus replay in
-//!   `tests/fuzz_corpus.rs` OpenSSL, which shares no code with the daemon.
+//!   the `fuzz_corpus` test suite, OpenSSL, which shares no code with the daemon.
 //!
 //! This file holds the limits and the entry points; `program.rs` the
 //! program and its byte encoding, `machine.rs` the harness's guest (memory,

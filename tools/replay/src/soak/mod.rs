@@ -27,7 +27,7 @@
 //! reference cipher ([`crate::reference`], pinned by the NIST vectors), the
 //! 16 bytes after the output and the source are unchanged.
 //! Callers that want a second, independent oracle get every checked request
-//! through an observer (the CI soak, `tests/soak.rs`, checks them with
+//! through an observer (the CI soak, the `end_to_end` suite, checks them with
 //! OpenSSL).
 //!
 //! This file holds the options, the report and the entry point
