@@ -182,7 +182,7 @@ impl SessionRegistry {
             }
         };
         let mac = if op_type == VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING {
-            match chain_mac(info, direction) {
+            match alg_chain_mac(info, direction) {
                 Ok(m) => Some(m),
                 Err(s) => return neg(s),
             }
@@ -271,7 +271,7 @@ const AWAIT_APPLIED_POLL: Duration = Duration::from_micros(20);
 
 /// Checks the chaining part of a CREATE and builds its MAC key (the raw
 /// auth key bytes stay in the message's zeroizing buffer).
-fn chain_mac(info: &SymSessionInfo, direction: Direction) -> Result<MacKey, Status> {
+fn alg_chain_mac(info: &SymSessionInfo, direction: Direction) -> Result<MacKey, Status> {
     let alg = match info.hash_alg {
         VIRTIO_CRYPTO_MAC_HMAC_SHA1 => Some(MacAlg::HmacSha1),
         VIRTIO_CRYPTO_MAC_HMAC_SHA_256 => Some(MacAlg::HmacSha256),
@@ -622,7 +622,13 @@ mod tests {
         assert_eq!(reg.len(), 1);
     }
 
-    fn chain(direction: u8, order: u8, hash_alg: u32, auth_key_len: u32, digest: u32) -> SymSessionInfo {
+    fn alg_chain_info(
+        direction: u8,
+        order: u8,
+        hash_alg: u32,
+        auth_key_len: u32,
+        digest: u32,
+    ) -> SymSessionInfo {
         let mut i = info(16, direction);
         i.op_type = 2;
         i.hash_mode = 2;
@@ -637,10 +643,10 @@ mod tests {
     fn chaining_sessions() {
         let (mut reg, tables) = session_set(64, 1);
         // encrypt + CIPHER_THEN_HASH (2), decrypt + HASH_THEN_CIPHER (1).
-        assert_eq!(reg.create(&chain(1, 2, 2, 20, 12)), 1);
-        assert_eq!(reg.create(&chain(2, 1, 4, 512, 32)), 2);
+        assert_eq!(reg.create(&alg_chain_info(1, 2, 2, 20, 12)), 1);
+        assert_eq!(reg.create(&alg_chain_info(2, 1, 4, 512, 32)), 2);
         assert_eq!(
-            reg.create(&chain(1, 2, 4, 0, 1)),
+            reg.create(&alg_chain_info(1, 2, 4, 0, 1)),
             3,
             "empty auth key, 1-byte digest"
         );
@@ -653,38 +659,46 @@ mod tests {
         }
         // The other two combinations, other MACs, other hash modes, AAD: NOTSUPP.
         assert_eq!(
-            reg.create(&chain(1, 1, 2, 20, 20)),
+            reg.create(&alg_chain_info(1, 1, 2, 20, 20)),
             -3,
             "encrypt + HASH_THEN_CIPHER"
         );
         assert_eq!(
-            reg.create(&chain(2, 2, 2, 20, 20)),
+            reg.create(&alg_chain_info(2, 2, 2, 20, 20)),
             -3,
             "decrypt + CIPHER_THEN_HASH"
         );
-        assert_eq!(reg.create(&chain(1, 0, 2, 20, 20)), -3, "order 0");
+        assert_eq!(reg.create(&alg_chain_info(1, 0, 2, 20, 20)), -3, "order 0");
         for alg in [0, 1, 3, 5, 6, 26] {
-            assert_eq!(reg.create(&chain(1, 2, alg, 20, 16)), -3, "mac {alg}");
+            assert_eq!(reg.create(&alg_chain_info(1, 2, alg, 20, 16)), -3, "mac {alg}");
         }
         for mode in [0, 1, 3] {
-            let mut i = chain(1, 2, 2, 20, 20);
+            let mut i = alg_chain_info(1, 2, 2, 20, 20);
             i.hash_mode = mode;
             assert_eq!(reg.create(&i), -3, "hash_mode {mode}");
         }
-        let mut i = chain(1, 2, 2, 20, 20);
+        let mut i = alg_chain_info(1, 2, 2, 20, 20);
         i.aad_len = 8;
         assert_eq!(reg.create(&i), -3, "aad");
         // Bad lengths: ERR.
-        assert_eq!(reg.create(&chain(1, 2, 2, 513, 20)), -1, "auth key 513");
-        assert_eq!(reg.create(&chain(1, 2, 2, u32::MAX, 20)), -1, "auth key 2^32-1");
-        assert_eq!(reg.create(&chain(1, 2, 2, 20, 0)), -1, "digest 0");
-        assert_eq!(reg.create(&chain(1, 2, 2, 20, 21)), -1, "digest > SHA-1");
-        assert_eq!(reg.create(&chain(1, 2, 4, 20, 33)), -1, "digest > SHA-256");
-        let mut i = chain(1, 2, 2, 20, 20);
+        assert_eq!(reg.create(&alg_chain_info(1, 2, 2, 513, 20)), -1, "auth key 513");
+        assert_eq!(
+            reg.create(&alg_chain_info(1, 2, 2, u32::MAX, 20)),
+            -1,
+            "auth key 2^32-1"
+        );
+        assert_eq!(reg.create(&alg_chain_info(1, 2, 2, 20, 0)), -1, "digest 0");
+        assert_eq!(reg.create(&alg_chain_info(1, 2, 2, 20, 21)), -1, "digest > SHA-1");
+        assert_eq!(
+            reg.create(&alg_chain_info(1, 2, 4, 20, 33)),
+            -1,
+            "digest > SHA-256"
+        );
+        let mut i = alg_chain_info(1, 2, 2, 20, 20);
         i.key_len = 20;
         assert_eq!(reg.create(&i), -1, "cipher key 20");
         // A cipher session carries no MAC whatever its hash fields say.
-        let mut i = chain(1, 2, 2, 20, 20);
+        let mut i = alg_chain_info(1, 2, 2, 20, 20);
         i.op_type = 1;
         assert_eq!(reg.create(&i), 4);
         assert!(tables[0].lock().get(4).unwrap().mac.is_none());

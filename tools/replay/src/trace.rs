@@ -174,26 +174,26 @@ impl MacName {
 /// `chain_order` values (`VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ChainOrder {
+pub enum AlgChainOrder {
     /// HASH_THEN_CIPHER (1).
     HashThenCipher,
     /// CIPHER_THEN_HASH (2).
     CipherThenHash,
 }
 
-impl ChainOrder {
+impl AlgChainOrder {
     /// The wire value.
     pub fn virtio(self) -> u8 {
         match self {
-            ChainOrder::HashThenCipher => VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
-            ChainOrder::CipherThenHash => VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH,
+            AlgChainOrder::HashThenCipher => VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_HASH_THEN_CIPHER,
+            AlgChainOrder::CipherThenHash => VIRTIO_CRYPTO_SYM_ALG_CHAIN_ORDER_CIPHER_THEN_HASH,
         }
     }
 }
 
 /// The chaining part of a session.
 #[derive(Debug, Clone)]
-pub struct ChainSession {
+pub struct AlgChainSession {
     /// MAC algorithm.
     pub mac: MacName,
     /// Auth key bytes.
@@ -201,12 +201,12 @@ pub struct ChainSession {
     /// Digest (hash result) length in bytes.
     pub digest_len: u32,
     /// Chaining order.
-    pub order: ChainOrder,
+    pub order: AlgChainOrder,
 }
 
 /// The chaining part of a request (offsets relative to src, bytes).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChainReq {
+pub struct AlgChainReq {
     /// `cipher_start_src_offset`.
     pub cipher_offset: u32,
     /// `len_to_cipher`.
@@ -253,7 +253,7 @@ pub enum Line {
         /// Chaining order (default: cipher_then_hash for encrypt,
         /// hash_then_cipher for decrypt).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        chain_order: Option<ChainOrder>,
+        chain_order: Option<AlgChainOrder>,
     },
     /// A data request.
     Request {
@@ -348,7 +348,7 @@ pub struct Req {
     /// Expected output.
     pub dst: Option<Vec<u8>>,
     /// Algorithm chaining fields (op_type ALGORITHM_CHAINING).
-    pub chain: Option<ChainReq>,
+    pub alg_chain: Option<AlgChainReq>,
     /// dst descriptor at the src address.
     pub in_place: bool,
 }
@@ -369,7 +369,7 @@ pub enum Step {
         /// Whether a negative id is expected.
         expect_err: bool,
         /// Chaining session parameters.
-        chain: Option<ChainSession>,
+        alg_chain: Option<AlgChainSession>,
     },
     /// Run requests (pipelined).
     Requests(Vec<Req>),
@@ -432,7 +432,7 @@ fn generate_chained(
     session: &str,
     key: &[u8],
     session_dir: Dir,
-    c: &ChainSession,
+    c: &AlgChainSession,
     opcode: Dir,
     size: usize,
     cipher_offset: usize,
@@ -473,7 +473,7 @@ fn generate_chained(
         session_id: None,
         opcode,
         iv: iv.to_vec(),
-        chain: Some(ChainReq {
+        alg_chain: Some(AlgChainReq {
             cipher_offset: cipher_offset as u32,
             cipher_len: (size - cipher_offset) as u32,
             hash_offset: 0,
@@ -495,7 +495,7 @@ fn generate_chained(
 }
 
 /// What the parser remembers of a created session: key, direction, chaining.
-type SessionKeys = (Zeroizing<Vec<u8>>, Dir, Option<ChainSession>);
+type SessionKeys = (Zeroizing<Vec<u8>>, Dir, Option<AlgChainSession>);
 
 impl Trace {
     /// Parses a trace from a reader.
@@ -531,14 +531,14 @@ impl Trace {
                         return Err(bad(format!("unknown algo {algo:?} (only aes-cbc)")));
                     }
                     let key = Zeroizing::new(unhex(&key).map_err(bad)?);
-                    let chain = match mac {
-                        Some(mac) => Some(ChainSession {
+                    let alg_chain = match mac {
+                        Some(mac) => Some(AlgChainSession {
                             mac,
                             auth_key: Zeroizing::new(unhex(auth_key.as_deref().unwrap_or("")).map_err(bad)?),
                             digest_len: digest_len.unwrap_or(mac.output_len() as u32),
                             order: chain_order.unwrap_or(match direction {
-                                Dir::Encrypt => ChainOrder::CipherThenHash,
-                                Dir::Decrypt => ChainOrder::HashThenCipher,
+                                Dir::Encrypt => AlgChainOrder::CipherThenHash,
+                                Dir::Decrypt => AlgChainOrder::HashThenCipher,
                             }),
                         }),
                         None if auth_key.is_some() || digest_len.is_some() || chain_order.is_some() => {
@@ -553,14 +553,14 @@ impl Trace {
                             ..
                         })
                     );
-                    keys.insert(name.clone(), (key.clone(), direction, chain.clone()));
+                    keys.insert(name.clone(), (key.clone(), direction, alg_chain.clone()));
                     t.steps.push(Step::Create {
                         line: n,
                         name,
                         key,
                         direction,
                         expect_err,
-                        chain,
+                        alg_chain,
                     });
                 }
                 Line::CloseSession { name } => t.steps.push(Step::Close { line: n, name }),
@@ -588,17 +588,17 @@ impl Trace {
                     if session.is_none() == session_id.is_none() {
                         return Err(bad("a request needs exactly one of session and session_id".into()));
                     }
-                    let session_chain = session
+                    let session_alg_chain = session
                         .as_ref()
                         .and_then(|s| keys.get(s))
                         .and_then(|k| k.2.as_ref());
-                    let chain_fields = [cipher_offset, cipher_len, hash_offset, hash_len, digest_len]
+                    let alg_chain_fields = [cipher_offset, cipher_len, hash_offset, hash_len, digest_len]
                         .iter()
                         .any(Option::is_some)
                         || digest.is_some()
                         || expect.digest.is_some();
                     let src = unhex(&src).map_err(bad)?;
-                    let chain = if session_chain.is_some() || chain_fields {
+                    let alg_chain = if session_alg_chain.is_some() || alg_chain_fields {
                         let len = src.len() as u32;
                         let co = cipher_offset.unwrap_or(0);
                         let ho = hash_offset.unwrap_or(0);
@@ -609,7 +609,7 @@ impl Trace {
                             .map_err(bad)?
                             .unwrap_or_default();
                         let dl = digest_len
-                            .or(session_chain.map(|c| c.digest_len))
+                            .or(session_alg_chain.map(|c| c.digest_len))
                             .unwrap_or(digest_in.len() as u32);
                         if dl as usize > DIGEST_AREA || digest_in.len() > dl as usize {
                             return Err(bad(format!(
@@ -617,7 +617,7 @@ impl Trace {
                                 digest_in.len()
                             )));
                         }
-                        Some(ChainReq {
+                        Some(AlgChainReq {
                             cipher_offset: co,
                             cipher_len: cipher_len.unwrap_or(len.saturating_sub(co)),
                             hash_offset: ho,
@@ -639,7 +639,7 @@ impl Trace {
                         queue,
                         status: expect.status.unwrap_or(ExpectStatus::Ok),
                         dst: expect.dst.as_deref().map(unhex).transpose().map_err(bad)?,
-                        chain,
+                        alg_chain,
                         in_place: in_place.unwrap_or(false),
                     };
                     t.push_request(req);
@@ -653,7 +653,7 @@ impl Trace {
                     cipher_offset,
                     in_place,
                 } => {
-                    let (key, dir, chain) = keys
+                    let (key, dir, alg_chain) = keys
                         .get(&session)
                         .ok_or_else(|| bad(format!("generate for unknown session {session:?}")))?;
                     if size > crate::gen::MAX_GENERATED_SIZE {
@@ -661,7 +661,7 @@ impl Trace {
                             "generate size {size} is above the daemon's default limit of 1 MiB"
                         )));
                     }
-                    if let Some(c) = chain {
+                    if let Some(c) = alg_chain {
                         let co = cipher_offset.map_or(size % 16, |o| o as usize);
                         if size == 0 || co > size || (size - co) % 16 != 0 {
                             return Err(bad(format!(
@@ -709,7 +709,7 @@ impl Trace {
                             queue: None,
                             status: if ok { ExpectStatus::Ok } else { ExpectStatus::Err },
                             dst: ok.then_some(dst),
-                            chain: None,
+                            alg_chain: None,
                             in_place: in_place.unwrap_or(false),
                         });
                     }

@@ -11,7 +11,7 @@ use super::report::Outcome;
 use super::run::{InFlight, Run};
 use crate::frontend::{SlotLayout, Used, DIGEST_AREA};
 use crate::guest_mem::GuestMem;
-use crate::trace::{hex, ChainReq, ExpectStatus};
+use crate::trace::{hex, AlgChainReq, ExpectStatus};
 
 /// Canary written over every output buffer before a request is submitted.
 pub const DST_CANARY: u8 = 0xA5;
@@ -144,8 +144,8 @@ impl<'a> Run<'a> {
         // The output is compared where the backend wrote it (no copy).
         let mem: &'a GuestMem = &self.mems[q];
         let dst = mem.view(if h.in_place() { l.src } else { l.dst }, h.len as usize);
-        let chain = p.chain(f.idx as usize, h);
-        let digest_len = chain.map_or(0, |c| c.digest_len as usize);
+        let alg_chain = p.alg_chain(f.idx as usize, h);
+        let digest_len = alg_chain.map_or(0, |c| c.digest_len as usize);
         // The hash result is compared where the backend wrote it too
         // (plain cipher requests have none: no bytes, no bounds check).
         let digest: &[u8] = if digest_len == 0 {
@@ -157,8 +157,8 @@ impl<'a> Run<'a> {
         // that must stay as this tool put them.
         let (status, after_status_ok) = status_and_guard(mem, l);
         let before = self.report.mismatches;
-        self.check_outcome(p, f, h, chain, u, status, dst, digest);
-        self.check_untouched(p, f, h, chain, (q, b), mem, l, after_status_ok);
+        self.check_outcome(p, f, h, alg_chain, u, status, dst, digest);
+        self.check_untouched(p, f, h, alg_chain, (q, b), mem, l, after_status_ok);
         self.dst_known[q][b] =
             (h.has_dst() && self.report.mismatches == before && status == 0 && !h.in_place())
                 .then(|| p.sig(h));
@@ -180,7 +180,7 @@ impl<'a> Run<'a> {
         p: &Prepared<'_>,
         f: InFlight,
         h: &Hot,
-        chain: Option<&ChainReq>,
+        alg_chain: Option<&AlgChainReq>,
         (q, b): (usize, usize),
         mem: &GuestMem,
         l: SlotLayout,
@@ -234,7 +234,7 @@ impl<'a> Run<'a> {
                 "written".into(),
             );
         }
-        if let Some(c) = chain {
+        if let Some(c) = alg_chain {
             let digest_len = c.digest_len as usize;
             let area = mem.view(l.digest, DIGEST_AREA);
             let past = digest_len.min(DIGEST_AREA);
@@ -256,7 +256,7 @@ impl<'a> Run<'a> {
         p: &Prepared<'_>,
         f: InFlight,
         h: &Hot,
-        chain: Option<&ChainReq>,
+        alg_chain: Option<&AlgChainReq>,
         u: Used,
         status: u8,
         dst: &[u8],
@@ -299,7 +299,7 @@ impl<'a> Run<'a> {
                 u.len.to_string(),
             );
         }
-        if let Some(c) = chain {
+        if let Some(c) = alg_chain {
             // Encrypt: the expected MAC; otherwise (decrypt, errors) the
             // hash result keeps what the driver put there.
             let expect_mac = c.expect_digest.as_ref().filter(|_| ok);

@@ -151,8 +151,8 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                         key,
                         direction,
                         expect_err,
-                        chain,
-                    } => run.create(*line, name, key, *direction, *expect_err, chain.as_ref())?,
+                        alg_chain,
+                    } => run.create(*line, name, key, *direction, *expect_err, alg_chain.as_ref())?,
                     Step::Raw(r) => {
                         let ids = &run.ids;
                         let lookup = |name: &str| ids.get(name).copied().unwrap_or(0) as u64;

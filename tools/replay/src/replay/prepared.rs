@@ -10,7 +10,7 @@ use vhost_user_crypto::wire::virtio_crypto::{
 
 use super::check::block_signature;
 use crate::frontend::Error;
-use crate::trace::{ChainReq, Dir, ExpectStatus, Req};
+use crate::trace::{AlgChainReq, Dir, ExpectStatus, Req};
 
 /// The request header (`virtio_crypto_op_data_req`) this tool puts in
 /// front of `req`, for session `sid`.
@@ -22,7 +22,7 @@ pub(super) fn request_header(req: &Req, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
         },
         algo: 0,
         session_id: sid,
-        op_type: if req.chain.is_some() {
+        op_type: if req.alg_chain.is_some() {
             VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING
         } else {
             VIRTIO_CRYPTO_SYM_OP_CIPHER
@@ -32,7 +32,7 @@ pub(super) fn request_header(req: &Req, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
         dst_data_len: req.src.len() as u32,
     }
     .to_bytes();
-    if let Some(c) = &req.chain {
+    if let Some(c) = &req.alg_chain {
         AlgChainPara {
             cipher_start_src_offset: c.cipher_offset,
             len_to_cipher: c.cipher_len,
@@ -57,7 +57,7 @@ pub(super) fn header_key(req: &Req) -> HeaderKey<'_> {
         req.session.as_deref(),
         req.session_id,
         req.opcode == Dir::Encrypt,
-        req.chain.as_ref().map(|c| {
+        req.alg_chain.as_ref().map(|c| {
             [
                 c.cipher_offset,
                 c.cipher_len,
@@ -78,7 +78,7 @@ const IN_PLACE: u8 = 1;
 const HAS_DST: u8 = 2;
 /// [`Hot::flags`]: an algorithm-chaining request (its chaining fields are
 /// read from the [`Req`]).
-const CHAIN: u8 = 4;
+const ALG_CHAIN: u8 = 4;
 /// [`Hot::flags`]: the request is pinned to queue [`Hot::queue`].
 const HAS_QUEUE: u8 = 8;
 /// [`Hot::flags`]: the request's [`header_key`] is the previous request's
@@ -125,8 +125,8 @@ impl Hot {
         self.flags & HAS_DST != 0
     }
 
-    pub(super) fn chain(&self) -> bool {
-        self.flags & CHAIN != 0
+    pub(super) fn alg_chain(&self) -> bool {
+        self.flags & ALG_CHAIN != 0
     }
 
     /// The queue the request is pinned to, if any.
@@ -183,9 +183,9 @@ impl Prepared<'_> {
     /// Request `i`'s chaining fields, read from its [`Req`] only when it
     /// has some ([`CHAIN`]).
     #[inline(always)]
-    pub(super) fn chain(&self, i: usize, h: &Hot) -> Option<&ChainReq> {
-        if h.chain() {
-            self.reqs[i].chain.as_ref()
+    pub(super) fn alg_chain(&self, i: usize, h: &Hot) -> Option<&AlgChainReq> {
+        if h.alg_chain() {
+            self.reqs[i].alg_chain.as_ref()
         } else {
             None
         }
@@ -252,7 +252,7 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
         let key = Some(header_key(r));
         let flags = if r.in_place { IN_PLACE } else { 0 }
             | if want.is_some() { HAS_DST } else { 0 }
-            | if r.chain.is_some() { CHAIN } else { 0 }
+            | if r.alg_chain.is_some() { ALG_CHAIN } else { 0 }
             | if r.queue.is_some() { HAS_QUEUE } else { 0 }
             | if key == prev { SAME_HEADER } else { 0 };
         prev = key;
@@ -282,7 +282,7 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
 mod tests {
     use super::prepare;
     use crate::replay::check::block_signature;
-    use crate::trace::{ChainReq, Dir, ExpectStatus, Req};
+    use crate::trace::{AlgChainReq, Dir, ExpectStatus, Req};
 
     #[test]
     fn prepared_runs_give_back_every_request_as_the_trace_has_it() {
@@ -301,7 +301,7 @@ mod tests {
             queue: None,
             status,
             dst: dst.map(|n| bytes(n, line as u8)),
-            chain: None,
+            alg_chain: None,
             in_place: false,
         };
         let mut reqs = vec![
@@ -318,7 +318,7 @@ mod tests {
         ];
         reqs[5].queue = Some(3);
         reqs[5].in_place = true;
-        reqs[7].chain = Some(ChainReq {
+        reqs[7].alg_chain = Some(AlgChainReq {
             cipher_offset: 0,
             cipher_len: 48,
             hash_offset: 0,
@@ -341,8 +341,8 @@ mod tests {
                 (r.src.len() as u32, r.iv.len() as u32, r.status.byte())
             );
             assert_eq!(h.in_place(), r.in_place, "{i}");
-            assert_eq!(h.chain(), r.chain.is_some(), "{i}");
-            assert_eq!(p.chain(i, h), r.chain.as_ref(), "{i}");
+            assert_eq!(h.alg_chain(), r.alg_chain.is_some(), "{i}");
+            assert_eq!(p.alg_chain(i, h), r.alg_chain.as_ref(), "{i}");
             assert_eq!(h.queue(), r.queue, "{i}");
             assert_eq!(p.line(i as u32), r.line);
         }

@@ -19,7 +19,7 @@ use super::prepared::{request_header, Prepared};
 use super::report::{Mismatch, Outcome, Report};
 use super::ReplayOptions;
 use crate::frontend::{CryptoFrontend, Error, Used, DIGEST_AREA};
-use crate::trace::{ChainSession, Dir, Req};
+use crate::trace::{AlgChainSession, Dir, Req};
 
 const MAX_REPORTED: usize = 10;
 
@@ -111,7 +111,7 @@ impl<'a> Run<'a> {
         key: &[u8],
         direction: Dir,
         expect_err: bool,
-        chain: Option<&ChainSession>,
+        alg_chain: Option<&AlgChainSession>,
     ) -> Result<(), Error> {
         let mut info = SymSessionInfo::aes_cbc(
             key,
@@ -120,7 +120,7 @@ impl<'a> Run<'a> {
                 Dir::Decrypt => VIRTIO_CRYPTO_OP_DECRYPT,
             },
         );
-        if let Some(c) = chain {
+        if let Some(c) = alg_chain {
             // ALGORITHM_CHAINING, hash_mode AUTH (VIRTIO 1.2 §5.9.7.2.1).
             info.op_type = VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING as u8;
             info.hash_mode = VIRTIO_CRYPTO_SYM_HASH_MODE_AUTH;
@@ -245,8 +245,8 @@ impl<'a> Run<'a> {
                 hdr = request_header(req, self.session_id(req));
                 hdr_prev = true;
             }
-            let chain = p.chain(i, h);
-            let digest_len = chain.map_or(0, |c| c.digest_len);
+            let alg_chain = p.alg_chain(i, h);
+            let digest_len = alg_chain.map_or(0, |c| c.digest_len);
             let dq = &mut self.fe.queues[q];
             let l = dq.set_layout(b);
             let mem = dq.mem();
@@ -274,7 +274,7 @@ impl<'a> Run<'a> {
                     mem.fill(l.dst, n, DST_CANARY);
                 }
             }
-            if let Some(c) = chain {
+            if let Some(c) = alg_chain {
                 let n = c.digest_in.len().min(DIGEST_AREA);
                 mem.write(l.digest, &c.digest_in[..n]);
                 mem.fill(l.digest + n as u64, DIGEST_AREA - n, DST_CANARY);
