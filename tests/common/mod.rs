@@ -2,8 +2,9 @@
 //! Helpers all suites share; each suite's `main.rs` includes this folder
 //! with `#[path = "../common/mod.rs"] mod common;`.
 //!
-//! * [`vm`]: a guest driver, a split ring built by hand in real guest
-//!   memory and driven through `QueueWorker::process`;
+//! * [`vm`]: a guest driver, a split ring in real guest memory written
+//!   with the replay tool's driver ring and driven through
+//!   `QueueWorker::process`;
 //! * [`daemon`]: the daemon binary on a private socket;
 //! * [`frontend_config`]: the replay tool's frontend configurations;
 //! * [`skip`]: tests skipped for want of what they need, recorded;

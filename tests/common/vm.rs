@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! A guest driver: a split ring built by hand in real guest memory
-//! (`GuestMemoryMmap`), driven through `QueueWorker::process`.
+//! A guest driver: a split ring in real guest memory (`GuestMemoryMmap`),
+//! driven through `QueueWorker::process`.
 //!
 //! Everything here plays the guest driver: it writes descriptors, avail
 //! entries and request bytes, then reads the used ring, status bytes and
-//! output back. The layout follows the conventions of the hostile-guest
-//! cases (docs/RELIABILITY.md): a queue of 256 entries, the baseline
-//! request D0..D4 at 0x10000..0x14000, sessions E and D with the NIST key.
+//! output back. Descriptors and ring accesses go through the replay
+//! tool's driver ring (`vhost_crypto_replay::driver_ring`, written from
+//! VIRTIO 1.2 §2.7 on rust-vmm `virtio-queue`'s descriptor type), never
+//! through the daemon's own descriptor code. The layout follows the
+//! conventions of the hostile-guest cases (docs/RELIABILITY.md): a queue
+//! of 256 entries, the baseline request D0..D4 at 0x10000..0x14000,
+//! sessions E and D with the NIST key.
 //! Expected values come from the tests (NIST vectors, the OpenSSL oracle,
 //! the status policy of docs/PROTOCOL.md §6), never from the code under
 //! test.
@@ -15,16 +19,18 @@ use std::time::{Duration, Instant};
 
 use super::codes::{ENCRYPT, OK};
 use super::nist::{NIST_IV, NIST_KEY, NIST_PT};
+use vhost_crypto_replay::driver_ring::{
+    self, DescAlloc, Descriptor, DriverMemory, DriverRing, SplitRing, TableArea, UsedElem,
+};
 use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::{session_set, SessionRegistry, SessionTable};
-use vhost_user_crypto::virtq::descriptor::{
-    Desc, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
 use vhost_user_crypto::worker::{BatchResult, QueueWorker};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+pub use vhost_crypto_replay::driver_ring::Buf;
 
 pub const MIB: u64 = 1 << 20;
 
@@ -54,30 +60,14 @@ pub const CANARY: u8 = 0xA5;
 pub const E: u64 = 1;
 pub const D: u64 = 2;
 
-/// A buffer of a chain: guest address, length, device-writable or not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Buf {
-    pub addr: u64,
-    pub len: u32,
-    pub write: bool,
-}
-
 /// Device-readable buffer.
 pub fn r(addr: u64, len: u32) -> Buf {
-    Buf {
-        addr,
-        len,
-        write: false,
-    }
+    Buf::readable(addr, len)
 }
 
 /// Device-writable buffer.
 pub fn w(addr: u64, len: u32) -> Buf {
-    Buf {
-        addr,
-        len,
-        write: true,
-    }
+    Buf::writable(addr, len)
 }
 
 /// A plain-cipher request header (iv_len 16, op_type CIPHER, algo 0).
@@ -93,16 +83,51 @@ pub fn hdr(opcode: u32, session_id: u64, src: u32, dst: u32) -> OpDataReq {
     }
 }
 
-/// One used-ring element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Used {
-    pub id: u32,
-    pub len: u32,
-}
+/// One used-ring element (head id, used length), as the driver ring reads it.
+pub type Used = UsedElem;
 
 /// Session parameters for `SessionRegistry::create`.
 pub fn session_info(key: &[u8], direction: u8) -> SymSessionInfo {
     SymSessionInfo::aes_cbc(key, direction)
+}
+
+/// A test's guest memory as the driver ring's [`DriverMemory`]: every
+/// access must lie in RAM (one outside it is a bug in the test: panics).
+#[derive(Clone, Copy)]
+pub struct Ram<'a>(pub &'a GuestMemoryMmap<()>);
+
+impl DriverMemory for Ram<'_> {
+    fn write(&self, gpa: u64, bytes: &[u8]) {
+        self.0
+            .write_slice(bytes, GuestAddress(gpa))
+            .expect("test write in RAM");
+    }
+
+    fn read(&self, gpa: u64, buf: &mut [u8]) {
+        self.0
+            .read_slice(buf, GuestAddress(gpa))
+            .expect("test read in RAM");
+    }
+}
+
+/// The daemon's view of the driver's ring.
+fn ring_addrs(s: SplitRing) -> RingAddrs {
+    RingAddrs {
+        size: s.size,
+        desc: s.desc,
+        avail: s.avail,
+        used: s.used,
+    }
+}
+
+/// The driver's view of the daemon's ring addresses.
+fn split_ring(r: RingAddrs) -> SplitRing {
+    SplitRing {
+        size: r.size,
+        desc: r.desc,
+        avail: r.avail,
+        used: r.used,
+    }
 }
 
 /// A guest: memory, one data ring, the session registry and a queue worker.
@@ -112,14 +137,15 @@ pub struct Vm {
     pub worker: QueueWorker,
     /// Tables of further queues (for "other queues unaffected").
     pub spare_tables: Vec<SessionTable>,
-    pub ring: RingAddrs,
+    /// The driver's side of the data ring: its addresses, the avail index
+    /// it fills next, the used index it reads next.
+    pub driver: DriverRing,
     /// Device-side indices, owned by the "frontend" (passed to process).
     pub next_avail: u16,
     pub next_used: u16,
-    /// Driver-side avail index.
-    pub avail_idx: u16,
-    next_desc: u16,
-    next_indirect: u64,
+    /// Free ring descriptors and indirect table space (all freed by [`Vm::run`]).
+    descs: DescAlloc,
+    tables: TableArea,
 }
 
 impl Default for Vm {
@@ -154,7 +180,7 @@ impl Vm {
                 max_request_bytes: 1 << 20,
             },
         );
-        let ring = RingAddrs {
+        let ring = SplitRing {
             size: QSIZE,
             desc: RING_DESC,
             avail: RING_AVAIL,
@@ -165,31 +191,36 @@ impl Vm {
             reg,
             worker,
             spare_tables: tables,
-            ring,
+            driver: DriverRing::new(ring, 0),
             next_avail: 0,
             next_used: 0,
-            avail_idx: 0,
-            next_desc: 0,
-            next_indirect: INDIRECT_BASE,
+            descs: DescAlloc::new(QSIZE),
+            tables: TableArea::new(INDIRECT_BASE, u64::MAX, 0x100),
         };
-        vm.fill(RING_AVAIL, 6 + 2 * usize::from(QSIZE), 0);
-        vm.fill(RING_USED, 6 + 8 * usize::from(QSIZE), 0);
+        vm.fill(RING_AVAIL, SplitRing::avail_bytes(QSIZE) as usize, 0);
+        vm.fill(RING_USED, SplitRing::used_bytes(QSIZE) as usize, 0);
         vm
+    }
+
+    /// The guest memory as the driver ring writes and reads it.
+    pub fn ram(&self) -> Ram<'_> {
+        Ram(&self.mem)
+    }
+
+    /// The data ring's addresses, as the frontend gives them to the daemon.
+    pub fn ring(&self) -> RingAddrs {
+        ring_addrs(self.driver.ring())
     }
 
     // ---- raw guest memory ----
 
     pub fn write(&self, addr: u64, bytes: &[u8]) {
-        self.mem
-            .write_slice(bytes, GuestAddress(addr))
-            .expect("test write in RAM");
+        self.ram().write(addr, bytes);
     }
 
     pub fn read(&self, addr: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
-        self.mem
-            .read_slice(&mut v, GuestAddress(addr))
-            .expect("test read in RAM");
+        self.ram().read(addr, &mut v);
         v
     }
 
@@ -227,112 +258,66 @@ impl Vm {
     // ---- ring building ----
 
     /// Writes descriptor `idx` of a table at `table`.
-    pub fn put_desc(&self, table: u64, idx: u16, d: Desc) {
-        self.write(table + u64::from(idx) * DESC_SIZE as u64, &d.to_bytes());
+    pub fn put_desc(&self, table: u64, idx: u16, d: Descriptor) {
+        driver_ring::write_desc(&self.ram(), table, idx, &d);
     }
 
     /// Writes descriptor `idx` of the ring's table.
-    pub fn set_desc(&self, idx: u16, d: Desc) {
-        self.put_desc(self.ring.desc, idx, d);
+    pub fn set_desc(&self, idx: u16, d: Descriptor) {
+        self.driver.write_desc(&self.ram(), idx, &d);
     }
 
-    fn alloc_desc(&mut self) -> u16 {
-        let i = self.next_desc;
-        assert!(i < self.ring.size, "test uses more descriptors than the ring has");
-        self.next_desc += 1;
-        i
+    /// `n` consecutive free ring descriptors; the first one.
+    fn take_descs(&mut self, n: u16) -> u16 {
+        self.descs
+            .take(n)
+            .expect("test uses more descriptors than the ring has")
     }
 
     /// Writes `bufs` as a direct chain in free slots; returns the head.
     pub fn chain(&mut self, bufs: &[Buf]) -> u16 {
         assert!(!bufs.is_empty());
-        let idx: Vec<u16> = bufs.iter().map(|_| self.alloc_desc()).collect();
-        for (k, b) in bufs.iter().enumerate() {
-            let last = k + 1 == bufs.len();
-            let mut flags = if b.write { VRING_DESC_F_WRITE } else { 0 };
-            if !last {
-                flags |= VRING_DESC_F_NEXT;
-            }
-            let next = if last { 0 } else { idx[k + 1] };
-            self.set_desc(
-                idx[k],
-                Desc {
-                    addr: b.addr,
-                    len: b.len,
-                    flags,
-                    next,
-                },
-            );
-        }
-        idx[0]
+        let head = self.take_descs(bufs.len() as u16);
+        self.driver.write_chain(&Ram(&self.mem), head, bufs)
     }
 
     /// Writes `bufs` as one indirect table (entries linked i → i+1, as
     /// Linux does) and a ring descriptor pointing at it; returns the head.
     pub fn indirect(&mut self, bufs: &[Buf]) -> u16 {
-        let table = self.next_indirect;
-        self.next_indirect += (bufs.len() as u64 * DESC_SIZE as u64).next_multiple_of(0x100);
-        for (k, b) in bufs.iter().enumerate() {
-            let last = k + 1 == bufs.len();
-            let mut flags = if b.write { VRING_DESC_F_WRITE } else { 0 };
-            if !last {
-                flags |= VRING_DESC_F_NEXT;
-            }
-            let next = if last { 0 } else { k as u16 + 1 };
-            self.put_desc(
-                table,
-                k as u16,
-                Desc {
-                    addr: b.addr,
-                    len: b.len,
-                    flags,
-                    next,
-                },
-            );
-        }
-        let head = self.alloc_desc();
-        let len = (bufs.len() * DESC_SIZE) as u32;
-        self.set_desc(
-            head,
-            Desc {
-                addr: table,
-                len,
-                flags: VRING_DESC_F_INDIRECT,
-                next: 0,
-            },
-        );
-        head
+        let table = self.tables.take(bufs.len()).expect("indirect table space");
+        let head = self.take_descs(1);
+        self.driver.write_indirect(&Ram(&self.mem), head, table, bufs)
     }
 
     /// Puts `head` on the avail ring and publishes the new avail index.
     pub fn push(&mut self, head: u16) {
-        let slot = u64::from(self.avail_idx % self.ring.size);
-        self.write(self.ring.avail + 4 + 2 * slot, &head.to_le_bytes());
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        self.set_avail_idx(self.avail_idx);
+        let ram = Ram(&self.mem);
+        self.driver.push(&ram, head);
+        self.driver.publish(&ram);
     }
 
     /// Writes avail.idx (without touching the driver-side counter).
     pub fn set_avail_idx(&self, idx: u16) {
-        self.write(self.ring.avail + 2, &idx.to_le_bytes());
+        self.write(self.driver.ring().avail_idx(), &idx.to_le_bytes());
     }
 
     /// Starts the driver and device indices at `idx` (wrap tests).
     pub fn start_at(&mut self, idx: u16) {
-        self.avail_idx = idx;
+        self.driver = DriverRing::new(self.driver.ring(), idx);
         self.next_avail = idx;
         self.next_used = idx;
         self.set_avail_idx(idx);
-        self.write(self.ring.used + 2, &idx.to_le_bytes());
+        self.write(self.driver.ring().used_idx(), &idx.to_le_bytes());
     }
 
     /// One call to `QueueWorker::process`; descriptor slots are free again afterwards.
     pub fn run(&mut self) -> BatchResult {
+        let ring = self.ring();
         let r = self
             .worker
-            .process(&self.mem, self.ring, &mut self.next_avail, &mut self.next_used);
-        self.next_desc = 0;
-        self.next_indirect = INDIRECT_BASE;
+            .process(&self.mem, ring, &mut self.next_avail, &mut self.next_used);
+        self.descs.reset();
+        self.tables.reset();
         r
     }
 
@@ -343,7 +328,7 @@ impl Vm {
     pub fn polling_batch_sizes(&mut self) -> Vec<u32> {
         self.worker.set_polling(true);
         let mut seen = Vec::new();
-        while self.next_avail != self.avail_idx {
+        while self.next_avail != self.driver.avail_idx() {
             let r = self.run();
             assert!(r.completed > 0, "no progress after {seen:?}");
             assert_eq!(self.used_idx(), self.next_used, "used.idx published");
@@ -362,21 +347,17 @@ impl Vm {
     }
 
     pub fn used_idx(&self) -> u16 {
-        self.u16_at(self.ring.used + 2)
+        self.driver.used_idx(&self.ram())
     }
 
     /// Used element written at used index `i`.
     pub fn used(&self, i: u16) -> Used {
-        let p = self.ring.used + 4 + 8 * u64::from(i % self.ring.size);
-        Used {
-            id: self.u32_at(p),
-            len: self.u32_at(p + 4),
-        }
+        self.driver.used_elem(&self.ram(), i)
     }
 
     /// `avail_event`: the u16 after the used ring's `size` elements.
     pub fn avail_event(&self) -> u16 {
-        self.u16_at(self.ring.used + 4 + 8 * u64::from(self.ring.size))
+        self.driver.avail_event(&self.ram())
     }
 
     /// Processes the chains pushed so far, one batch per call until a call
@@ -385,7 +366,8 @@ impl Vm {
     #[track_caller]
     pub fn run_batch(&mut self) -> Vec<Used> {
         let first = self.next_used;
-        let pending = self.avail_idx.wrapping_sub(self.next_avail);
+        let avail_idx = self.driver.avail_idx();
+        let pending = avail_idx.wrapping_sub(self.next_avail);
         let mut completed = 0;
         let t = Instant::now();
         loop {
@@ -401,8 +383,8 @@ impl Vm {
             t.elapsed()
         );
         assert_eq!(completed, u32::from(pending), "chains completed");
-        assert_eq!(self.next_avail, self.avail_idx, "next_avail after the batch");
-        assert_eq!(self.used_idx(), self.avail_idx, "used.idx published");
+        assert_eq!(self.next_avail, avail_idx, "next_avail after the batch");
+        assert_eq!(self.used_idx(), avail_idx, "used.idx published");
         (0..pending).map(|k| self.used(first.wrapping_add(k))).collect()
     }
 
@@ -515,13 +497,20 @@ impl Vm {
     /// Moves the data ring to `ring` (the frontend set up a new ring):
     /// indices start at 0, avail and used rings zeroed.
     pub fn move_ring(&mut self, ring: RingAddrs) {
-        self.ring = ring;
+        self.driver = DriverRing::new(split_ring(ring), 0);
         self.next_avail = 0;
         self.next_used = 0;
-        self.avail_idx = 0;
-        self.next_desc = 0;
-        self.fill(ring.avail, 6 + 2 * usize::from(ring.size), 0);
-        self.fill(ring.used, 6 + 8 * usize::from(ring.size), 0);
+        self.descs = DescAlloc::new(ring.size);
+        self.fill(ring.avail, SplitRing::avail_bytes(ring.size) as usize, 0);
+        self.fill(ring.used, SplitRing::used_bytes(ring.size) as usize, 0);
+    }
+
+    /// Points the driver at `ring` as it is in memory (a ring the frontend
+    /// resized in place): the rings' bytes and every index stay.
+    pub fn resize_in_place(&mut self, ring: RingAddrs) {
+        let mut driver = DriverRing::new(split_ring(ring), self.driver.avail_idx());
+        driver.set_last_used(self.driver.last_used());
+        self.driver = driver;
     }
 }
 

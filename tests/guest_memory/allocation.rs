@@ -445,10 +445,11 @@ fn data_path_allocates_nothing() {
     let all: Vec<usize> = (0..n).collect();
     refill(&mut vm, &reqs, &all);
     let first = vm.next_used;
+    let ring = vm.ring();
     let done = process_all(
         &mut vm.worker,
         &vm.mem,
-        vm.ring,
+        ring,
         &mut vm.next_avail,
         &mut vm.next_used,
     );
@@ -463,12 +464,11 @@ fn data_path_allocates_nothing() {
         let Vm {
             worker,
             mem,
-            ring,
             next_avail,
             next_used,
             ..
         } = &mut vm;
-        let done = counted(|| process_all(worker, mem, *ring, next_avail, next_used));
+        let done = counted(|| process_all(worker, mem, ring, next_avail, next_used));
         assert_eq!(done as usize, n, "batch {batch}");
         check(&vm, &reqs, first, &sample, batch);
         processed += u64::from(done);

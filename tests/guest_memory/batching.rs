@@ -41,7 +41,7 @@ fn check_mixed_batch(vm: &Vm, heads: &[(u16, u64)], used: &[Used]) {
     vm.assert_consumed_at(heads[3].1, used[3]);
     vm.assert_failed_at(heads[4].1, used[4], NOTSUPP);
     vm.assert_failed_at(heads[5].1, used[5], INVSESS);
-    assert_eq!(vm.avail_event(), vm.avail_idx, "avail_event");
+    assert_eq!(vm.avail_event(), vm.driver.avail_idx(), "avail_event");
 }
 
 #[test]

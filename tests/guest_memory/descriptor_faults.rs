@@ -11,23 +11,16 @@ use std::time::{Duration, Instant};
 
 use super::descriptor_layouts::WILD;
 use crate::common::*;
-use vhost_user_crypto::virtq::descriptor::{
-    Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
+use vhost_crypto_replay::driver_ring::{Descriptor, F_INDIRECT, F_NEXT, F_WRITE};
 use vhost_user_crypto::virtq::ring::RingAddrs;
 
 #[test]
 fn h09_descriptor_loop_and_bad_next() {
     let mut vm = Vm::new();
     let b = vm.baseline();
-    let nd = |addr, len, flags, next| Desc {
-        addr,
-        len,
-        flags,
-        next,
-    };
-    const N: u16 = VRING_DESC_F_NEXT;
-    const WR: u16 = VRING_DESC_F_WRITE;
+    let nd = Descriptor::new;
+    const N: u16 = F_NEXT;
+    const WR: u16 = F_WRITE;
 
     // D1.next -> D0, no writable descriptor: consumed.
     vm.set_desc(0, nd(HDR, 72, N, 1));
@@ -88,12 +81,7 @@ fn h09_loop_on_the_largest_queue_is_bounded() {
         let next = if i == 1 { 0 } else { i.wrapping_add(1) % 32768 };
         vm.set_desc(
             i,
-            Desc {
-                addr: if i % 2 == 0 { HDR } else { IV_ADDR },
-                len: 16,
-                flags: VRING_DESC_F_NEXT,
-                next,
-            },
+            Descriptor::new(if i % 2 == 0 { HDR } else { IV_ADDR }, 16, F_NEXT, next),
         );
     }
     vm.push(0);
@@ -254,38 +242,20 @@ fn indirect_table_faults_are_consumed_or_err() {
     let table = 0x30_0000;
     for (k, d) in b.iter().enumerate() {
         let last = k == b.len() - 1;
-        let flags = if d.write { VRING_DESC_F_WRITE } else { 0 } | if last { 0 } else { VRING_DESC_F_NEXT };
+        let flags = if d.write { F_WRITE } else { 0 } | if last { 0 } else { F_NEXT };
         vm.put_desc(
             table,
             k as u16,
-            Desc {
-                addr: d.addr,
-                len: d.len,
-                flags,
-                next: k as u16 + 1,
-            },
+            Descriptor::new(d.addr, d.len, flags, k as u16 + 1),
         );
     }
-    let ind = |len, flags| Desc {
-        addr: table,
-        len,
-        flags,
-        next: 0,
-    };
+    let ind = |len, flags| Descriptor::new(table, len, flags, 0);
     // Table length not a multiple of 16; zero; INDIRECT together with NEXT;
     // table past RAM: consumed (no status byte was reached).
-    vm.set_desc(0, ind(79, VRING_DESC_F_INDIRECT));
-    vm.set_desc(1, ind(0, VRING_DESC_F_INDIRECT));
-    vm.set_desc(2, ind(80, VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT));
-    vm.set_desc(
-        3,
-        Desc {
-            addr: 256 * MIB - 32,
-            len: 80,
-            flags: VRING_DESC_F_INDIRECT,
-            next: 0,
-        },
-    );
+    vm.set_desc(0, ind(79, F_INDIRECT));
+    vm.set_desc(1, ind(0, F_INDIRECT));
+    vm.set_desc(2, ind(80, F_INDIRECT | F_NEXT));
+    vm.set_desc(3, Descriptor::new(256 * MIB - 32, 80, F_INDIRECT, 0));
     for head in 0..4 {
         vm.push(head);
     }
@@ -297,63 +267,20 @@ fn indirect_table_faults_are_consumed_or_err() {
     // An indirect entry inside the table, after the status: ERR.
     let t2 = 0x30_1000;
     for (k, d) in b.iter().enumerate() {
-        let flags = if d.write { VRING_DESC_F_WRITE } else { 0 } | VRING_DESC_F_NEXT;
-        vm.put_desc(
-            t2,
-            k as u16,
-            Desc {
-                addr: d.addr,
-                len: d.len,
-                flags,
-                next: k as u16 + 1,
-            },
-        );
+        let flags = if d.write { F_WRITE } else { 0 } | F_NEXT;
+        vm.put_desc(t2, k as u16, Descriptor::new(d.addr, d.len, flags, k as u16 + 1));
     }
-    vm.put_desc(
-        t2,
-        5,
-        Desc {
-            addr: table,
-            len: 80,
-            flags: VRING_DESC_F_INDIRECT,
-            next: 0,
-        },
-    );
+    vm.put_desc(t2, 5, Descriptor::new(table, 80, F_INDIRECT, 0));
     // An indirect next index past the table, after the status: ERR.
     let t3 = 0x30_2000;
     for (k, d) in b.iter().enumerate() {
-        let flags = if d.write { VRING_DESC_F_WRITE } else { 0 } | VRING_DESC_F_NEXT;
+        let flags = if d.write { F_WRITE } else { 0 } | F_NEXT;
         let next = if k == 4 { 40 } else { k as u16 + 1 };
-        vm.put_desc(
-            t3,
-            k as u16,
-            Desc {
-                addr: d.addr,
-                len: d.len,
-                flags,
-                next,
-            },
-        );
+        vm.put_desc(t3, k as u16, Descriptor::new(d.addr, d.len, flags, next));
     }
-    vm.set_desc(
-        0,
-        Desc {
-            addr: t2,
-            len: 96,
-            flags: VRING_DESC_F_INDIRECT,
-            next: 0,
-        },
-    );
-    vm.set_desc(
-        1,
-        Desc {
-            addr: t3,
-            len: 80,
-            flags: VRING_DESC_F_INDIRECT,
-            next: 0,
-        },
-    );
-    vm.set_desc(2, ind(80, VRING_DESC_F_INDIRECT));
+    vm.set_desc(0, Descriptor::new(t2, 96, F_INDIRECT, 0));
+    vm.set_desc(1, Descriptor::new(t3, 80, F_INDIRECT, 0));
+    vm.set_desc(2, ind(80, F_INDIRECT));
     for head in 0..3 {
         vm.push(head);
     }

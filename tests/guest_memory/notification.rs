@@ -25,13 +25,13 @@ fn push_requests(vm: &mut Vm, n: u16) {
 /// the ring's `used.flags` and `avail_event` are `kicks`.
 fn run_one_call_at_a_time(vm: &mut Vm, kicks: (u16, u16)) -> Vec<u32> {
     let mut seen = Vec::new();
-    while vm.next_avail != vm.avail_idx {
+    while vm.next_avail != vm.driver.avail_idx() {
         let r = vm.run();
         seen.push(r.completed);
         // Every batch is published before the call returns.
         assert_eq!(vm.used_idx(), vm.next_used);
         assert_eq!(
-            (vm.u16_at(vm.ring.used), vm.avail_event()),
+            (vm.u16_at(vm.ring().used), vm.avail_event()),
             kicks,
             "used.flags, avail_event"
         );
@@ -52,7 +52,7 @@ fn polling_caller_gets_one_batch_per_call_and_no_kicks() {
     // Polling ends: the next call asks for kicks again.
     vm.worker.set_polling(false);
     assert_eq!(vm.run().completed, 0);
-    assert_eq!(vm.u16_at(vm.ring.used), 0);
+    assert_eq!(vm.u16_at(vm.ring().used), 0);
     assert_eq!(vm.avail_event(), 200);
 }
 
@@ -78,7 +78,7 @@ fn after_a_polling_batch(n: u16) -> Vm {
     push_requests(&mut vm, n);
     vm.worker.set_polling(true);
     assert_eq!(vm.run().completed, u32::from(n));
-    assert_eq!(vm.u16_at(vm.ring.used), 1, "VRING_USED_F_NO_NOTIFY");
+    assert_eq!(vm.u16_at(vm.ring().used), 1, "VRING_USED_F_NO_NOTIFY");
     vm
 }
 
@@ -89,8 +89,8 @@ fn after_a_polling_batch(n: u16) -> Vm {
 fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
     let mut vm = after_a_polling_batch(10);
     assert_eq!(vm.avail_event(), 10u16.wrapping_add(0x8000));
-    vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring);
-    assert_eq!(vm.u16_at(vm.ring.used), 0);
+    vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring());
+    assert_eq!(vm.u16_at(vm.ring().used), 0);
     assert_eq!(vm.avail_event(), 10);
 
     // Kicks left on (a non-polling batch): nothing to turn on, nothing
@@ -98,10 +98,10 @@ fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
     push_requests(&mut vm, 3);
     vm.worker.set_polling(false);
     assert_eq!(vm.run().completed, 3);
-    assert_eq!((vm.u16_at(vm.ring.used), vm.avail_event()), (0, 13));
-    vm.write(vm.ring.used, &7u16.to_le_bytes());
-    vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring);
-    assert_eq!(vm.u16_at(vm.ring.used), 7, "nothing written");
+    assert_eq!((vm.u16_at(vm.ring().used), vm.avail_event()), (0, 13));
+    vm.write(vm.ring().used, &7u16.to_le_bytes());
+    vm.worker.enable_suppressed_kicks(&vm.mem, vm.ring());
+    assert_eq!(vm.u16_at(vm.ring().used), 7, "nothing written");
 }
 
 /// The frontend moves the ring after a polling batch turned the driver's
@@ -112,7 +112,7 @@ fn kicks_a_polling_batch_turned_off_are_turned_back_on_when_stopped() {
 #[test]
 fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
     let mut vm = after_a_polling_batch(10);
-    let old = vm.ring;
+    let old = vm.ring();
     let moved = RingAddrs {
         desc: 0x10_0000,
         avail: 0x18_0000,
@@ -141,10 +141,10 @@ fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
     // Resized in place: the same used ring, half the entries.
     let mut vm = after_a_polling_batch(10);
     let half = RingAddrs {
-        size: vm.ring.size / 2,
-        ..vm.ring
+        size: vm.ring().size / 2,
+        ..vm.ring()
     };
-    vm.ring = half;
+    vm.resize_in_place(half);
     vm.worker.enable_suppressed_kicks(&vm.mem, half);
     assert_eq!(vm.u16_at(half.used), 0, "kicks on in the used ring that stayed");
     assert_eq!(
@@ -158,7 +158,7 @@ fn kicks_turned_off_are_turned_back_on_where_the_ring_is_when_stopped() {
 fn notify_follows_used_event_with_event_idx() {
     let mut vm = Vm::new();
     vm.worker.event_idx = true;
-    let used_event_at = vm.ring.avail + 4 + 2 * u64::from(vm.ring.size);
+    let used_event_at = vm.ring().avail + 4 + 2 * u64::from(vm.ring().size);
     // used_event = 0: the driver wants to hear about used entry 0.
     vm.write(used_event_at, &0u16.to_le_bytes());
     push_requests(&mut vm, 3);
@@ -173,7 +173,7 @@ fn notify_follows_used_event_with_event_idx() {
     // An empty call never notifies.
     assert!(!vm.run().notify);
     // The flag is ignored with EVENT_IDX.
-    vm.write(vm.ring.avail, &1u16.to_le_bytes());
+    vm.write(vm.ring().avail, &1u16.to_le_bytes());
     vm.write(used_event_at, &8u16.to_le_bytes());
     push_requests(&mut vm, 1);
     assert!(vm.run().notify);
@@ -184,13 +184,13 @@ fn notify_follows_the_no_interrupt_flag_without_event_idx() {
     let mut vm = Vm::new();
     push_requests(&mut vm, 2);
     assert!(vm.run().notify, "flags 0: notify");
-    vm.write(vm.ring.avail, &1u16.to_le_bytes()); // VRING_AVAIL_F_NO_INTERRUPT
+    vm.write(vm.ring().avail, &1u16.to_le_bytes()); // VRING_AVAIL_F_NO_INTERRUPT
     push_requests(&mut vm, 2);
     assert!(!vm.run().notify, "NO_INTERRUPT: no notification");
     // used_event is not looked at without EVENT_IDX.
-    vm.write(vm.ring.avail, &0u16.to_le_bytes());
+    vm.write(vm.ring().avail, &0u16.to_le_bytes());
     vm.write(
-        vm.ring.avail + 4 + 2 * u64::from(vm.ring.size),
+        vm.ring().avail + 4 + 2 * u64::from(vm.ring().size),
         &1000u16.to_le_bytes(),
     );
     push_requests(&mut vm, 2);

@@ -126,7 +126,7 @@ fn h10_avail_index_jump_after_a_batch_still_notifies_it() {
     vm.write(RING_AVAIL, &[0, 0]);
     let b = vm.baseline();
     let head = vm.chain(&b);
-    vm.avail_idx = 1;
+    vm.driver.set_avail_idx(1);
     vm.push(head);
     assert_eq!(vm.run().completed, 0);
     assert_eq!(vm.used_idx(), 1);
@@ -140,7 +140,7 @@ fn bad_ring_geometry_completes_nothing_and_does_not_panic() {
     let head = vm.chain(&b);
     vm.push(head);
     let ram_end = 256 * MIB;
-    let ok = vm.ring;
+    let ok = vm.ring();
     let rings = [
         RingAddrs { size: 0, ..ok },
         RingAddrs { size: 3, ..ok },
@@ -239,7 +239,7 @@ fn a_ring_whose_memory_comes_back_is_served_again() {
             .unwrap();
     for _ in 0..3 {
         let (mut na, mut nu) = (0u16, 0u16);
-        let r = vm.worker.process(&without, vm.ring, &mut na, &mut nu);
+        let r = vm.worker.process(&without, vm.ring(), &mut na, &mut nu);
         assert_eq!((r.completed, na, nu), (0, 0, 0));
     }
     assert_eq!(vm.used_idx(), 0);

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::*;
 use crate::support::*;
-use vhost_user_crypto::virtq::descriptor::VRING_DESC_F_WRITE;
+use vhost_crypto_replay::driver_ring::Buf;
 use vhost_user_crypto::wire::session::{create_request, SessionAbi};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -331,11 +331,11 @@ fn a_ring_of_large_requests_does_not_hold_up_the_teardown() {
         &mem,
         RAW_DESC,
         &[
-            (RAW_HDR, 72, 0),
-            (RAW_IV, 16, 0),
-            (src_at, len, 0),
-            (dst_at, len, VRING_DESC_F_WRITE),
-            (RAW_STATUS, 1, VRING_DESC_F_WRITE),
+            Buf::readable(RAW_HDR, 72),
+            Buf::readable(RAW_IV, 16),
+            Buf::readable(src_at, len),
+            Buf::writable(dst_at, len),
+            Buf::writable(RAW_STATUS, 1),
         ],
     );
     for slot in 0..256u64 {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use crate::common::daemon::spawn_daemon;
 use crate::common::*;
 use crate::support::*;
+use vhost_crypto_replay::driver_ring::{DriverMemory, DriverRing};
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode};
-use vhost_user_crypto::virtq::descriptor::{Desc, VRING_DESC_F_INDIRECT};
 use vhost_user_crypto::wire::session::{close_request, create_request, SessionAbi, SymSessionInfo};
 
 /// CREATE in each layout with the AES key lengths at and around the
@@ -446,25 +446,14 @@ fn sessions_come_and_go_quickly_while_more_queues_than_cpus_are_busy() {
     for q in 0..QUEUES {
         let (ring, page) = (RAW_DESC + u64::from(q) * 0x3000, 0x20000 + u64::from(q) * 0x1000);
         let table = page + 0x800;
-        let chain = put_nist_buffers(&r.mem, sid, page, 0x100);
-        let (dst, status) = (chain[3].0, chain[4].0);
-        write_chain(&r.mem, table, &chain);
-        let head = Desc {
-            addr: table,
-            len: 5 * 16,
-            flags: VRING_DESC_F_INDIRECT,
-            next: 0,
-        };
-        r.mem.write_all_at(&head.to_bytes(), ring + 16 * 8).unwrap();
-        let mut b = [0u8; 2];
-        r.mem.read_exact_at(&mut b, ring + 0x1000 + 2).unwrap();
-        let n = u16::from_le_bytes(b);
-        r.mem
-            .write_all_at(&8u16.to_le_bytes(), ring + 0x1000 + 4 + 2 * u64::from(n % 256))
-            .unwrap();
-        r.mem
-            .write_all_at(&n.wrapping_add(1).to_le_bytes(), ring + 0x1000 + 2)
-            .unwrap();
+        let bufs = put_nist_buffers(&r.mem, sid, page, 0x100);
+        let (dst, status) = (bufs[3].addr, bufs[4].addr);
+        let (m, split) = (FileMem(&r.mem), raw_split_ring(ring));
+        let n = m.load_u16_acquire(split.avail_idx());
+        let mut driver = DriverRing::new(split, n);
+        driver.write_indirect(&m, 8, table, &bufs);
+        driver.push(&m, 8);
+        driver.publish(&m);
         r.kick(q);
         ends.push((ring, n.wrapping_add(1), dst, status));
     }

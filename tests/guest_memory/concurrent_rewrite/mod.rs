@@ -157,11 +157,9 @@ fn race(seed: u64, batches: u32, flip_avail: bool, tally: &mut Tally, flips: &At
     heads.sort_unstable();
 
     let stop = AtomicBool::new(false);
-    let Vm {
-        mem, worker, ring, ..
-    } = &mut vm;
+    let ring = vm.ring();
+    let Vm { mem, worker, .. } = &mut vm;
     let mem: &GuestMemoryMmap<()> = mem;
-    let ring = *ring;
     let mut seen = vec![0u8; MEM];
     std::thread::scope(|sc| {
         sc.spawn(|| mutator(mem, &fields, seed ^ 0x5eed, &stop, flips));

@@ -4,9 +4,7 @@
 //! (writable ranges, the largest used length).
 
 use crate::common::*;
-use vhost_user_crypto::virtq::descriptor::{
-    Desc, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
+use vhost_crypto_replay::driver_ring::{encode, Descriptor, DESC_SIZE, F_INDIRECT, F_NEXT, F_WRITE};
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::{offsets, AlgChainPara, OpDataReq};
 
@@ -32,9 +30,9 @@ pub(super) const BOX_TABLES: u64 = 6;
 /// Status buffers start with this; afterwards they hold it or a status.
 pub(super) const ST_CANARY: u8 = 0xEE;
 pub(super) const DIGEST_LEN: u32 = 32;
-pub(super) const N: u64 = VRING_DESC_F_NEXT as u64;
-pub(super) const W: u64 = VRING_DESC_F_WRITE as u64;
-pub(super) const I: u64 = VRING_DESC_F_INDIRECT as u64;
+pub(super) const N: u64 = F_NEXT as u64;
+pub(super) const W: u64 = F_WRITE as u64;
+pub(super) const I: u64 = F_INDIRECT as u64;
 
 pub(super) const USED_BYTES: u64 = 6 + 8 * QSIZE as u64 + 2;
 
@@ -105,13 +103,13 @@ impl Entry {
         ]
     }
 
-    pub(super) fn initial(&self) -> Desc {
-        Desc {
-            addr: self.addr[0],
-            len: self.len[0] as u32,
-            flags: self.flags[0] as u16,
-            next: self.next[0] as u16,
-        }
+    pub(super) fn initial(&self) -> Descriptor {
+        Descriptor::new(
+            self.addr[0],
+            self.len[0] as u32,
+            self.flags[0] as u16,
+            self.next[0] as u16,
+        )
     }
 
     pub(super) fn may_write(&self) -> bool {
@@ -486,7 +484,7 @@ impl Slot {
             }
         }
         for e in &self.entries {
-            put(img, e.at, &e.initial().to_bytes());
+            put(img, e.at, &encode(&e.initial()));
         }
         for e in &self.entries {
             for (s, t) in e.writable_ranges() {

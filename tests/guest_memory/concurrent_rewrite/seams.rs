@@ -8,10 +8,9 @@
 
 use super::model::MEM;
 use crate::common::*;
+use vhost_crypto_replay::driver_ring::{Descriptor, DESC_SIZE, F_INDIRECT, F_NEXT, F_WRITE};
 use vhost_user_crypto::crypto::{prepare, run_lanes, Completion, Prepared, RequestLimits};
-use vhost_user_crypto::virtq::descriptor::{
-    ChainWalker, Desc, DESC_SIZE, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
+use vhost_user_crypto::virtq::descriptor::ChainWalker;
 use vhost_user_crypto::virtq::map_contiguous;
 use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, Status};
 
@@ -32,12 +31,12 @@ fn rewrite_to_y(vm: &Vm, table: u64, first: u16, n: u16) {
         vm.put_desc(
             table,
             first + k,
-            Desc {
-                addr: Y + u64::from(k) * 0x1000,
-                len: 0x1000,
-                flags: VRING_DESC_F_WRITE | if last { 0 } else { VRING_DESC_F_NEXT },
-                next: first + k + 1,
-            },
+            Descriptor::new(
+                Y + u64::from(k) * 0x1000,
+                0x1000,
+                F_WRITE | if last { 0 } else { F_NEXT },
+                first + k + 1,
+            ),
         );
     }
 }
@@ -52,7 +51,7 @@ fn stage_and_walk(vm: &mut Vm, h: &OpDataReq, src: &[u8], indirect: bool) -> (Ch
     } else {
         vm.chain(&bufs)
     };
-    let table = map_contiguous(&vm.mem, vm.ring.desc, usize::from(QSIZE) * DESC_SIZE).unwrap();
+    let table = map_contiguous(&vm.mem, vm.ring().desc, usize::from(QSIZE) * DESC_SIZE).unwrap();
     let mut walker = ChainWalker::new();
     // SAFETY: `table` maps the ring's whole descriptor table (QSIZE
     // entries) in `vm.mem`, which outlives every use of the walker.
@@ -67,17 +66,9 @@ fn rewrite_descriptors(vm: &Vm, head: u16, indirect: bool) {
     if indirect {
         rewrite_to_y(vm, INDIRECT_BASE, 0, 5);
         rewrite_to_y(vm, Y_TABLE, 0, 8);
-        vm.set_desc(
-            head,
-            Desc {
-                addr: Y_TABLE,
-                len: 8 * 16,
-                flags: VRING_DESC_F_INDIRECT,
-                next: 0,
-            },
-        );
+        vm.set_desc(head, Descriptor::new(Y_TABLE, 8 * 16, F_INDIRECT, 0));
     } else {
-        rewrite_to_y(vm, vm.ring.desc, head, 5);
+        rewrite_to_y(vm, vm.ring().desc, head, 5);
     }
 }
 

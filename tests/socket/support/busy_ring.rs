@@ -12,7 +12,7 @@ use super::daemon::Daemon;
 use super::frontend::assert_nist;
 use super::raw_ring::{create_nist_session, raw_ring_at, ring0_used_u16, used_idx_at, write_chain, RAW_DESC};
 use crate::common::*;
-use vhost_user_crypto::virtq::descriptor::VRING_DESC_F_WRITE;
+use vhost_crypto_replay::driver_ring::Buf;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// A daemon, a negotiated connection with data ring 0 set up
@@ -104,11 +104,11 @@ impl BusyRing {
                 &mem,
                 at,
                 &[
-                    (hdr_at, 72, 0),
-                    (0x11000, 16, 0),
-                    (src_at, len, 0),
-                    (dst_at, len, VRING_DESC_F_WRITE),
-                    (status_at, 1, VRING_DESC_F_WRITE),
+                    Buf::readable(hdr_at, 72),
+                    Buf::readable(0x11000, 16),
+                    Buf::readable(src_at, len),
+                    Buf::writable(dst_at, len),
+                    Buf::writable(status_at, 1),
                 ],
             );
             for slot in 0..256u64 {

@@ -11,7 +11,7 @@ use super::conn::{mem_table, vring_addr, vring_state, Conn, MEM_SIZE, UADDR};
 use super::daemon::TIMEOUT;
 use super::frontend::session;
 use crate::common::*;
-use vhost_user_crypto::virtq::descriptor::{Desc, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use vhost_crypto_replay::driver_ring::{self, Buf, DriverMemory, DriverRing, SplitRing};
 use vhost_user_crypto::wire::session::{create_request, SessionAbi};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -25,6 +25,35 @@ pub const RAW_STATUS: u64 = 0x14000;
 pub const RAW_DESC: u64 = 0x80000;
 pub const RAW_AVAIL: u64 = 0x81000;
 pub const RAW_USED: u64 = 0x82000;
+
+/// A memory file as the driver ring's [`DriverMemory`]: guest address =
+/// file offset, written with pwrite and read with pread (the daemon sees
+/// the same pages through its mapping).
+#[derive(Clone, Copy)]
+pub struct FileMem<'a>(pub &'a File);
+
+impl DriverMemory for FileMem<'_> {
+    fn write(&self, gpa: u64, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        self.0.write_all_at(bytes, gpa).unwrap();
+    }
+
+    fn read(&self, gpa: u64, buf: &mut [u8]) {
+        use std::os::unix::fs::FileExt;
+        self.0.read_exact_at(buf, gpa).unwrap();
+    }
+}
+
+/// The ring [`raw_ring_at`] sets up at `at`: 256 entries, descriptors at
+/// `at`, avail ring at +4 KiB, used ring at +8 KiB.
+pub fn raw_split_ring(at: u64) -> SplitRing {
+    SplitRing {
+        size: 256,
+        desc: at,
+        avail: at + 0x1000,
+        used: at + 0x2000,
+    }
+}
 
 /// One NIST F.2.1 encryption written straight into a raw guest memory file
 /// with pwrite (the daemon sees the same pages through its mapping): a
@@ -65,22 +94,20 @@ pub fn submit_raw_nist(mem: &File, kick: &EventFd, sid: u64, n: u16) {
 /// buffers lie at `buf_at` (header; IV, src, dst and status 4 KiB apart
 /// after it): [`RAW_DESC`] and [`RAW_HDR`] are the usual ones.
 pub fn submit_nist_at(mem: &File, kick: &EventFd, ring_at: u64, buf_at: u64, sid: u64, n: u16) {
-    use std::os::unix::fs::FileExt;
-    let (desc, avail) = (ring_at, ring_at + 0x1000);
-    let chain = put_nist_buffers(mem, sid, buf_at, 0x1000);
-    write_chain(mem, desc, &chain);
+    let bufs = put_nist_buffers(mem, sid, buf_at, 0x1000);
+    let mut driver = DriverRing::new(raw_split_ring(ring_at), n - 1);
+    driver.write_chain(&FileMem(mem), 0, &bufs);
     // avail.ring[n - 1] = head 0, then avail.idx = n.
-    mem.write_all_at(&0u16.to_le_bytes(), avail + 4 + 2 * u64::from(n - 1))
-        .unwrap();
-    mem.write_all_at(&n.to_le_bytes(), avail + 2).unwrap();
+    driver.push(&FileMem(mem), 0);
+    driver.publish(&FileMem(mem));
     kick.write(1).unwrap();
 }
 
 /// Writes the buffers of a NIST F.2.1 encryption in session `sid` into
 /// `mem`: header at `at`, then IV, src, dst and status each `step` bytes
-/// further (dst and status filled with canaries), and returns the chain
-/// that names them (header, IV, src, dst, status) for [`write_chain`].
-pub fn put_nist_buffers(mem: &File, sid: u64, at: u64, step: u64) -> [(u64, u32, u16); 5] {
+/// further (dst and status filled with canaries), and returns the buffers
+/// (header, IV, src, dst, status) for [`write_chain`].
+pub fn put_nist_buffers(mem: &File, sid: u64, at: u64, step: u64) -> [Buf; 5] {
     use std::os::unix::fs::FileExt;
     let [hdr_at, iv_at, src_at, dst_at, status_at] = [0, 1, 2, 3, 4].map(|k| at + k * step);
     mem.write_all_at(&hdr(ENCRYPT, sid, 64, 64).to_bytes(), hdr_at)
@@ -90,29 +117,20 @@ pub fn put_nist_buffers(mem: &File, sid: u64, at: u64, step: u64) -> [(u64, u32,
     mem.write_all_at(&[0xEE; 64], dst_at).unwrap();
     mem.write_all_at(&[0xFF], status_at).unwrap();
     [
-        (hdr_at, 72, 0),
-        (iv_at, 16, 0),
-        (src_at, 64, 0),
-        (dst_at, 64, VRING_DESC_F_WRITE),
-        (status_at, 1, VRING_DESC_F_WRITE),
+        Buf::readable(hdr_at, 72),
+        Buf::readable(iv_at, 16),
+        Buf::readable(src_at, 64),
+        Buf::writable(dst_at, 64),
+        Buf::writable(status_at, 1),
     ]
 }
 
-/// Writes `chain` (address, length, flags of each buffer) as a direct
-/// chain from descriptor 0 of the table at guest address `desc`, laid out
-/// by hand (VIRTIO 1.2 §2.7.5: addr u64, len u32, flags u16, next u16),
-/// with NEXT and `next` added on all but the last.
-pub fn write_chain(mem: &File, desc: u64, chain: &[(u64, u32, u16)]) {
-    use std::os::unix::fs::FileExt;
-    for (k, &(addr, len, flags)) in chain.iter().enumerate() {
-        let last = k + 1 == chain.len();
-        let d = Desc {
-            addr,
-            len,
-            flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
-            next: if last { 0 } else { k as u16 + 1 },
-        };
-        mem.write_all_at(&d.to_bytes(), desc + 16 * k as u64).unwrap();
+/// Writes `bufs` as a direct chain from descriptor 0 of the table at guest
+/// address `desc` (VIRTIO 1.2 §2.7.5), linked 0 → 1 → … by NEXT on all
+/// but the last ([`driver_ring::chain`]).
+pub fn write_chain(mem: &File, desc: u64, bufs: &[Buf]) {
+    for (k, d) in driver_ring::chain(bufs, 0).enumerate() {
+        driver_ring::write_desc(&FileMem(mem), desc, k as u16, &d);
     }
 }
 
@@ -150,18 +168,14 @@ pub fn assert_raw_nist_ok(n: u16, (id, len, status, dst): (u32, u32, u8, Vec<u8>
 /// The `n`th completion of [`submit_raw_nist`]'s requests: (used id, used
 /// length, status, dst). Checks that `used.idx` is `n`.
 pub fn raw_nist_result(mem: &File, n: u16) -> (u32, u32, u8, Vec<u8>) {
-    use std::os::unix::fs::FileExt;
-    let (dst_at, status_at, used) = (RAW_DST, RAW_STATUS, RAW_USED);
-    let word = |at: u64, len: usize| {
-        let mut b = [0u8; 4];
-        mem.read_exact_at(&mut b[..len], at).unwrap();
-        u32::from_le_bytes(b)
-    };
-    assert_eq!(word(used + 2, 2), u32::from(n), "used.idx");
-    let elem = used + 4 + 8 * u64::from(n - 1);
-    let mut dst = vec![0u8; 64];
-    mem.read_exact_at(&mut dst, dst_at).unwrap();
-    (word(elem, 4), word(elem + 4, 4), word(status_at, 1) as u8, dst)
+    let m = FileMem(mem);
+    let driver = DriverRing::new(raw_split_ring(RAW_DESC), 0);
+    assert_eq!(driver.used_idx(&m), n, "used.idx");
+    let e = driver.used_elem(&m, n - 1);
+    let (mut dst, mut status) = (vec![0u8; 64], [0u8]);
+    m.read(RAW_DST, &mut dst);
+    m.read(RAW_STATUS, &mut status);
+    (e.id, e.len, status[0], dst)
 }
 
 /// Sets up data ring 0 at 512 KiB on a negotiated connection after a
@@ -251,10 +265,7 @@ pub fn ring0_used_u16(mem: &File, at: u64) -> u16 {
 
 /// `used.idx` of the ring at `ring_at` (used ring +8 KiB).
 pub fn used_idx_at(mem: &File, ring_at: u64) -> u16 {
-    use std::os::unix::fs::FileExt;
-    let mut b = [0u8; 2];
-    mem.read_exact_at(&mut b, ring_at + 0x2002).unwrap();
-    u16::from_le_bytes(b)
+    DriverRing::new(raw_split_ring(ring_at), 0).used_idx(&FileMem(mem))
 }
 
 /// Submits request `n` ([`submit_nist_at`]) and waits for `used.idx` to
