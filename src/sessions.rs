@@ -570,6 +570,7 @@ pub fn session_set_with_ids(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vhost_crypto_replay::rng::{Rng as _, SeedableRng, SplitMix64};
 
     fn info(key_len: u32, direction: u8) -> SymSessionInfo {
         let mut i = SymSessionInfo {
@@ -789,11 +790,9 @@ mod tests {
             let (mut reg, tables) = session_set(max, 1);
             let room = tables[0].lock().map.capacity();
             let mut live: Vec<u64> = Vec::new();
-            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let mut rng = SplitMix64::seed_from_u64(0x9e37_79b9_7f4a_7c15);
             for op in 0..300_000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next_u64();
                 if live.len() < max * 7 / 8 || (live.len() < max && x % 2 == 0) {
                     let id = reg.create(&info(16, 1));
                     assert!(id > 0, "max {max}, op {op}: {id}");

@@ -170,7 +170,7 @@ fn a_frontend_that_half_closes_or_closes_after_sending_is_served_in_full() {
 #[test]
 fn disconnect_in_the_middle_of_a_batch() {
     let mut daemon = Daemon::spawn(&[]);
-    let mut rng = SplitMix64(7);
+    let mut rng = Rng::new(7);
     let key = rng.bytes(32);
     let base = daemon.idle_snapshot();
     let mut last_sid = 0;
@@ -417,7 +417,7 @@ fn a_frontend_that_fills_the_library_socket_cannot_wedge_the_daemon() {
 #[test]
 fn hundred_connect_disconnect_cycles_under_load() {
     let mut daemon = Daemon::spawn(&["--max-sessions", "16"]);
-    let mut rng = SplitMix64(42);
+    let mut rng = Rng::new(42);
     let keys = [rng.bytes(16), rng.bytes(24), rng.bytes(32)];
     let mut first: Option<Snapshot> = None;
     let mut total = 0;
@@ -451,7 +451,7 @@ fn hundred_connect_disconnect_cycles_under_load() {
         let jobs: Vec<Job> = (0..300)
             .map(|i| {
                 let (sid, key, encrypt) = &sids[i % sids.len()];
-                let len = 16 * (1 + (rng.next() % 16) as usize);
+                let len = 16 * (1 + (rng.next_u64() % 16) as usize);
                 Job {
                     sid: *sid as u64,
                     encrypt: *encrypt,

@@ -346,7 +346,7 @@ fn session_churn_without_requests_stays_bounded() {
     }
 
     // Sessions come and go while all four queues have requests in flight.
-    let mut rng = SplitMix64(3);
+    let mut rng = Rng::new(3);
     let mut jobs: Vec<Vec<Job>> = (0..4)
         .map(|_| {
             (0..64)

@@ -207,7 +207,7 @@ pub fn run_jobs(
     verified
 }
 
-pub fn jobs_4k(rng: &mut SplitMix64, count: usize, sid: u64, key: &[u8]) -> Vec<Job> {
+pub fn jobs_4k(rng: &mut Rng, count: usize, sid: u64, key: &[u8]) -> Vec<Job> {
     (0..count)
         .map(|_| Job {
             sid,

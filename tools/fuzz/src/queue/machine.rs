@@ -7,6 +7,7 @@ use algorithms::Direction;
 use vhost_crypto_replay::driver_ring::{
     Buf, DescAlloc, DriverMemory, DriverRing, SplitRing, TableArea, DESC_SIZE,
 };
+use vhost_crypto_replay::rng::{below, Rng as _, SeedableRng, SplitMix64};
 use vhost_user_crypto::sessions::SessionRegistry;
 use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, VIRTIO_CRYPTO_SYM_OP_CIPHER};
 use vhost_user_crypto::worker::QueueWorker;
@@ -169,29 +170,23 @@ pub(super) fn ring_addrs(size: u16, place: RingPlace, ranges: &[(u64, u64)]) -> 
     a
 }
 
-/// Tiny PRNG for request contents and cut points.
-pub(super) struct Rng(u64);
+/// Request contents and cut points: `rand_xoshiro`'s SplitMix64 started
+/// at state `seed` (`vhost_crypto_replay::rng`, the replay tool's and the
+/// tests' generator).
+pub(super) struct Rng(SplitMix64);
 
 impl Rng {
     pub(super) fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub(super) fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        Rng(SplitMix64::seed_from_u64(seed))
     }
 
     pub(super) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        below(&mut self.0, n.max(1))
     }
 
+    /// `n` bytes, each the low byte of one output.
     pub(super) fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
+        (0..n).map(|_| self.0.next_u64() as u8).collect()
     }
 
     /// Cuts 0..len into pieces with `extra` random cut points (plus `must`).
