@@ -6,11 +6,9 @@
 //! memory, used ring. Sizes 64 B to 16 KiB, encrypt and decrypt.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use vhost_crypto_replay::driver_ring::{encode, Descriptor, F_INDIRECT, F_NEXT, F_WRITE};
 use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::session_set;
-use vhost_user_crypto::virtq::descriptor::{
-    Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
@@ -71,27 +69,22 @@ fn setup(size: usize, opcode: u32) -> Bench {
             (base, 72, 0),
             (iv, 16, 0),
             (src, size as u32, 0),
-            (dst, size as u32, VRING_DESC_F_WRITE),
-            (st, 1, VRING_DESC_F_WRITE),
+            (dst, size as u32, F_WRITE),
+            (st, 1, F_WRITE),
         ];
         for (j, &(addr, len, flags)) in descs.iter().enumerate() {
             let last = j == descs.len() - 1;
-            let d = Desc {
+            let d = Descriptor::new(
                 addr,
                 len,
-                flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
-                next: if last { 0 } else { j as u16 + 1 },
-            };
-            mem.write_slice(&d.to_bytes(), GuestAddress(table + 16 * j as u64))
+                flags | if last { 0 } else { F_NEXT },
+                if last { 0 } else { j as u16 + 1 },
+            );
+            mem.write_slice(&encode(&d), GuestAddress(table + 16 * j as u64))
                 .unwrap();
         }
-        let head = Desc {
-            addr: table,
-            len: 80,
-            flags: VRING_DESC_F_INDIRECT,
-            next: 0,
-        };
-        mem.write_slice(&head.to_bytes(), GuestAddress(DESC + 16 * i))
+        let head = Descriptor::new(table, 80, F_INDIRECT, 0);
+        mem.write_slice(&encode(&head), GuestAddress(DESC + 16 * i))
             .unwrap();
         mem.write_obj(i as u16, GuestAddress(AVAIL + 4 + 2 * i)).unwrap();
     }

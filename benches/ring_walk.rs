@@ -52,11 +52,10 @@ use criterion::{BatchSize, BenchmarkGroup, Criterion, Throughput};
 use virtio_queue::{Queue, QueueOwnedT, QueueT, Reader, Writer};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use vhost_crypto_replay::driver_ring::{encode, Descriptor, F_INDIRECT, F_NEXT, F_WRITE};
 use vhost_user_crypto::crypto::{prepare, Prepared, RequestLimits};
 use vhost_user_crypto::sessions::{session_set, SessionRegistry, SessionTable, Sessions};
-use vhost_user_crypto::virtq::descriptor::{
-    ChainWalker, Desc, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-};
+use vhost_user_crypto::virtq::descriptor::ChainWalker;
 use vhost_user_crypto::virtq::map_contiguous;
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::{
@@ -188,27 +187,22 @@ impl Guest {
                 (b.hdr, 72, 0),
                 (b.iv, 16, 0),
                 (b.src, SIZE as u32, 0),
-                (b.dst, SIZE as u32, VRING_DESC_F_WRITE),
-                (b.status, 1, VRING_DESC_F_WRITE),
+                (b.dst, SIZE as u32, F_WRITE),
+                (b.status, 1, F_WRITE),
             ];
             for (j, &(addr, len, flags)) in descs.iter().enumerate() {
                 let last = j == descs.len() - 1;
-                let d = Desc {
+                let d = Descriptor::new(
                     addr,
                     len,
-                    flags: flags | if last { 0 } else { VRING_DESC_F_NEXT },
-                    next: if last { 0 } else { j as u16 + 1 },
-                };
-                mem.write_slice(&d.to_bytes(), GuestAddress(b.table + 16 * j as u64))
+                    flags | if last { 0 } else { F_NEXT },
+                    if last { 0 } else { j as u16 + 1 },
+                );
+                mem.write_slice(&encode(&d), GuestAddress(b.table + 16 * j as u64))
                     .unwrap();
             }
-            let head = Desc {
-                addr: b.table,
-                len: 16 * descs.len() as u32,
-                flags: VRING_DESC_F_INDIRECT,
-                next: 0,
-            };
-            mem.write_slice(&head.to_bytes(), GuestAddress(DESC + 16 * u64::from(i)))
+            let head = Descriptor::new(b.table, 16 * descs.len() as u32, F_INDIRECT, 0);
+            mem.write_slice(&encode(&head), GuestAddress(DESC + 16 * u64::from(i)))
                 .unwrap();
             mem.write_obj(i, GuestAddress(AVAIL + 4 + 2 * u64::from(i)))
                 .unwrap();

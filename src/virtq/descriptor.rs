@@ -50,16 +50,6 @@ impl Desc {
             next: u16::from_le_bytes([b[14], b[15]]),
         }
     }
-
-    /// Encodes a descriptor (tests and the replay tool).
-    pub fn to_bytes(&self) -> [u8; DESC_SIZE] {
-        let mut b = [0u8; DESC_SIZE];
-        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..12].copy_from_slice(&self.len.to_le_bytes());
-        b[12..14].copy_from_slice(&self.flags.to_le_bytes());
-        b[14..16].copy_from_slice(&self.next.to_le_bytes());
-        b
-    }
 }
 
 /// Why a chain is malformed.
@@ -441,4 +431,59 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
     // SAFETY: in bounds; an indirect table at an address that is not
     // 8-aligned (the spec does not require alignment for those).
     Desc::from_bytes(unsafe { ptr::read_volatile(p as *const [u8; DESC_SIZE]) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_fields_at_spec_offsets() {
+        // `struct virtq_desc` (VIRTIO 1.2 §2.7.5): le64 addr, le32 len,
+        // le16 flags, le16 next; flag values of §2.7.5 (NEXT 1, WRITE 2,
+        // INDIRECT 4).
+        let b = [
+            0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0x10, 0x20, 0x30, 0x40, 0x03, 0x00, 0x05, 0x01,
+        ];
+        let d = Desc::from_bytes(b);
+        assert_eq!(
+            d,
+            Desc {
+                addr: 0x1122_3344_5566_7788,
+                len: 0x4030_2010,
+                flags: 3,
+                next: 0x0105,
+            }
+        );
+        assert_eq!(
+            (VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_DESC_F_INDIRECT),
+            (1, 2, 4)
+        );
+        assert_eq!(DESC_SIZE, 16);
+    }
+
+    #[test]
+    fn aligned_and_unaligned_tables_read_the_same_descriptor() {
+        // `read_desc` takes two 8-byte loads from an 8-aligned table and a
+        // volatile 16-byte copy otherwise: both give the same fields.
+        let mut buf = [0u8; 64];
+        let bytes = [1u8, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 0, 1, 0, 2, 0];
+        let aligned = buf.as_ptr().align_offset(8);
+        buf[aligned + 16..aligned + 32].copy_from_slice(&bytes);
+        buf[aligned + 33..aligned + 49].copy_from_slice(&bytes);
+        // SAFETY: both tables lie inside `buf` for two descriptors.
+        let (a, u) = unsafe {
+            (
+                read_desc(buf.as_ptr().add(aligned), 1),
+                read_desc(buf.as_ptr().add(aligned + 17), 1),
+            )
+        };
+        let want = Desc {
+            addr: 1,
+            len: 64,
+            flags: VRING_DESC_F_NEXT,
+            next: 2,
+        };
+        assert_eq!((a, u), (want, want));
+    }
 }
