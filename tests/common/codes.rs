@@ -8,6 +8,7 @@
 //! both to the specifications' literals. The codes are `u32` here so that
 //! raw messages can carry any code and `match` patterns can name them.
 
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_crypto::wire::vhost_user::FrontendReq;
 use vhost_user_crypto::wire::virtio_crypto::{
     Status, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
@@ -38,14 +39,14 @@ pub const ADD_MEM_REG: u32 = FrontendReq::ADD_MEM_REG as u32;
 
 /// `VHOST_USER_F_PROTOCOL_FEATURES`, bit 30 of the virtio feature set
 /// (vhost-user spec, "Feature bits").
-pub const F_PROTOCOL_FEATURES: u64 = 1 << 30;
+pub const F_PROTOCOL_FEATURES: u64 = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 /// `VHOST_USER_PROTOCOL_F_*` bits (vhost-user spec, "Protocol features"):
 /// the two the daemon offers and needs here, and three it does not offer.
-pub const PF_REPLY_ACK: u64 = 1 << 3;
-pub const PF_CRYPTO_SESSION: u64 = 1 << 7;
-pub const PF_CONFIG: u64 = 1 << 9;
-pub const PF_INFLIGHT_SHMFD: u64 = 1 << 12;
-pub const PF_CONFIGURE_MEM_SLOTS: u64 = 1 << 15;
+pub const PF_REPLY_ACK: u64 = VhostUserProtocolFeatures::REPLY_ACK.bits();
+pub const PF_CRYPTO_SESSION: u64 = VhostUserProtocolFeatures::CRYPTO_SESSION.bits();
+pub const PF_CONFIG: u64 = VhostUserProtocolFeatures::CONFIG.bits();
+pub const PF_INFLIGHT_SHMFD: u64 = VhostUserProtocolFeatures::INFLIGHT_SHMFD.bits();
+pub const PF_CONFIGURE_MEM_SLOTS: u64 = VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS.bits();
 
 /// virtio-crypto status bytes (VIRTIO 1.2 §5.9.7.1; docs/PROTOCOL.md §6).
 pub const OK: u8 = Status::Ok as u8;
