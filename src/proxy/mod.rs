@@ -80,7 +80,7 @@ use log::info;
 use crate::eventfd::EventFdCopies;
 use crate::sessions::SessionRegistry;
 use crate::wire::session::SessionAbi;
-use pump::{pump_requests, Sockets};
+use pump::Pump;
 use replies::{relay_replies, Owed};
 
 pub use closer::{pending_closes, Closer, MAX_PENDING_CLOSES};
@@ -166,12 +166,18 @@ pub fn run(
         let _ = relayed.send(());
     })?;
 
-    let socks = Sockets {
+    let result = Pump {
         frontend: &frontend,
         backend: &backend,
         frontend_w: &frontend_w,
-    };
-    let result = pump_requests(socks, &owed, &mut registry, config, copies, kicks, closer);
+        owed: &owed,
+        registry: &mut registry,
+        config,
+        copies,
+        kicks,
+        closer,
+    }
+    .run();
     // No more requests: the library answers what it has (a frontend that
     // only shut its sending side reads those replies; it has a second for
     // that), then closes, and the relay ends. A library that does not

@@ -162,23 +162,26 @@ impl Owed {
 
 /// Whether the library answers a forwarded message (rust-vmm vhost 0.18
 /// `backend_req_handler.rs`): the GET_* requests and a few others always
-/// do; the rest only with NEED_REPLY once REPLY_ACK is negotiated.
-pub(super) fn expects_reply(req: FrontendReq, flags: u32, reply_ack: bool) -> bool {
-    let always = matches!(
-        req,
-        FrontendReq::GET_FEATURES
-            | FrontendReq::SET_LOG_BASE
-            | FrontendReq::GET_VRING_BASE
-            | FrontendReq::GET_PROTOCOL_FEATURES
-            | FrontendReq::GET_QUEUE_NUM
-            | FrontendReq::GET_CONFIG
-            | FrontendReq::POSTCOPY_ADVISE
-            | FrontendReq::GET_INFLIGHT_FD
-            | FrontendReq::GET_MAX_MEM_SLOTS
-            | FrontendReq::GET_STATUS
-            | FrontendReq::SET_DEVICE_STATE_FD
-            | FrontendReq::CHECK_DEVICE_STATE
-    );
+/// do; the rest, and codes that are no `FrontendReq` (`None`), only with
+/// NEED_REPLY once REPLY_ACK is negotiated.
+pub(super) fn expects_reply(req: Option<FrontendReq>, flags: u32, reply_ack: bool) -> bool {
+    let always = req.is_some_and(|req| {
+        matches!(
+            req,
+            FrontendReq::GET_FEATURES
+                | FrontendReq::SET_LOG_BASE
+                | FrontendReq::GET_VRING_BASE
+                | FrontendReq::GET_PROTOCOL_FEATURES
+                | FrontendReq::GET_QUEUE_NUM
+                | FrontendReq::GET_CONFIG
+                | FrontendReq::POSTCOPY_ADVISE
+                | FrontendReq::GET_INFLIGHT_FD
+                | FrontendReq::GET_MAX_MEM_SLOTS
+                | FrontendReq::GET_STATUS
+                | FrontendReq::SET_DEVICE_STATE_FD
+                | FrontendReq::CHECK_DEVICE_STATE
+        )
+    });
     always || (reply_ack && flags & NEED_REPLY != 0)
 }
 
