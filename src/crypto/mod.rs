@@ -16,7 +16,7 @@
 //!
 //! [`crate::virtq::descriptor::ChainWalker::walk`] has turned the
 //! descriptor chain into those streams. [`prepare`] validates the request
-//! against the bytes actually present ([`validate`]) and runs the cipher
+//! against the bytes actually present ([`mod@validate`]) and runs the cipher
 //! directly on the mapped guest memory ([`cipher`], [`alg_chain`]), or
 //! hands a valid encrypt request back as a [`LaneReq`] for [`run_lanes`]
 //! to encrypt together with others of the same key ([`lanes`]).

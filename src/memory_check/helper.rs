@@ -23,7 +23,7 @@ use super::{check_memory_regions, MAX_STUCK_MEMORY_CHECKS, MEMORY_CHECK_LIMIT};
 /// its parent ([`memory_check_helper_main`]); not for users.
 pub const MEMORY_CHECK_HELPER_ARG: &str = "--internal-memory-check";
 
-/// The binary [`check_memory_regions_bounded`] runs the checks in, when
+/// The binary [`super::check_memory_regions_bounded`] runs the checks in, when
 /// set ([`use_memory_check_helper`]).
 pub(super) static MEMORY_CHECK_HELPER: OnceLock<PathBuf> = OnceLock::new();
 
@@ -105,7 +105,7 @@ impl From<io::Error> for HelperError {
     }
 }
 
-/// [`check_memory_regions_bounded`] in a helper process (see
+/// [`super::check_memory_regions_bounded`] in a helper process (see
 /// [`use_memory_check_helper`]).
 pub(super) fn check_in_helper(
     exe: &Path,

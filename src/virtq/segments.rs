@@ -99,7 +99,7 @@ pub(crate) struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     /// The start of the stream (no segment is empty: zero-length
-    /// descriptors are skipped, see [`ChainWalker::add_buffer`]).
+    /// descriptors are skipped, see [`super::descriptor::ChainWalker::add_buffer`]).
     pub(crate) fn start(segs: &'a [Segment]) -> Self {
         debug_assert!(segs.first().is_none_or(|s| s.len > 0), "an empty segment");
         Cursor { segs, idx: 0, off: 0 }

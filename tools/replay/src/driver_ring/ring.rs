@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A split ring's avail and used rings from the driver's side (VIRTIO 1.2
-//! §2.7.6 avail ring: le16 flags, le16 idx, le16 ring[size], le16
-//! used_event; §2.7.8 used ring: le16 flags, le16 idx, {le32 id, le32
-//! len}[size], le16 avail_event; §2.7.7 / §2.7.10 notification
+//! §2.7.6 avail ring: `le16 flags, le16 idx, le16 ring[size], le16
+//! used_event`; §2.7.8 used ring: `le16 flags, le16 idx, {le32 id, le32
+//! len}[size], le16 avail_event`; §2.7.7 / §2.7.10 notification
 //! suppression).
 
 use std::sync::atomic::{fence, Ordering};

@@ -5,7 +5,7 @@
 //! closes sessions with `VHOST_USER_CREATE/CLOSE_CRYPTO_SESSION`.
 //!
 //! The vhost-user protocol itself goes through rust-vmm `vhost`'s
-//! [`Frontend`]; the crypto session messages, which it does not know, are
+//! [`vhost::vhost_user::Frontend`]; the crypto session messages, which it does not know, are
 //! written on a clone of the same socket with the daemon's
 //! `wire::session` module (messages are strictly sequential, so the two never
 //! interleave).

@@ -32,7 +32,7 @@ use run::{cpu_seconds, InFlight, Run};
 /// Runs of at most this many requests (the trace's requests times
 /// `--repeat`: the known-answer and policy traces) have every request's
 /// latency measured; longer ones (benchmarks, where reading the clock
-/// would slow the tool) one in 64 ([`in_hash_sample`]), evenly over the run.
+/// would slow the tool) one in 64 ([`check::in_hash_sample`]), evenly over the run.
 const LATENCY_ALL_UP_TO: u64 = 4096;
 
 /// Replay settings.

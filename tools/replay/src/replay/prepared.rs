@@ -139,7 +139,7 @@ impl Hot {
     }
 }
 
-/// A run of requests ([`Step::Requests`]) laid out for replaying: per
+/// A run of requests ([`crate::trace::Step::Requests`]) laid out for replaying: per
 /// request a [`Hot`] record, its bytes in one arena and its expected
 /// output's block signature in another, so that a request streams its IV,
 /// src, expected output and signature from memory (9.25 cache lines for
@@ -181,7 +181,7 @@ impl Prepared<'_> {
     }
 
     /// Request `i`'s chaining fields, read from its [`Req`] only when it
-    /// has some ([`CHAIN`]).
+    /// has some ([`ALG_CHAIN`]).
     #[inline(always)]
     pub(super) fn alg_chain(&self, i: usize, h: &Hot) -> Option<&AlgChainReq> {
         if h.alg_chain() {

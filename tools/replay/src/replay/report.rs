@@ -57,7 +57,7 @@ pub struct Report {
     /// early).
     pub missing: u64,
     /// What each request produced, in trace order (only with
-    /// [`ReplayOptions::record`]; for comparing two backends).
+    /// [`super::ReplayOptions::record`]; for comparing two backends).
     #[serde(skip)]
     pub outcomes: Vec<Outcome>,
 }

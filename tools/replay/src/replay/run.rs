@@ -48,10 +48,10 @@ pub(super) struct Run<'a> {
     pub(super) report: Report,
     pub(super) ids: HashMap<String, i64>,
     /// Sessions created in this pass over the trace and not closed by it
-    /// (closed before the next pass: see [`replay`]).
+    /// (closed before the next pass: see [`super::replay`]).
     pub(super) live: Vec<u64>,
     pub(super) latencies: Vec<u32>,
-    /// Whether every request's latency is measured ([`LATENCY_ALL_UP_TO`]).
+    /// Whether every request's latency is measured ([`super::LATENCY_ALL_UP_TO`]).
     pub(super) time_all: bool,
     /// Per queue and slot: the request in flight there.
     pub(super) inflight: Vec<Vec<Option<InFlight>>>,

@@ -55,7 +55,7 @@ pub const DST_CANARY: u8 = 0x5A;
 /// dst as one run from its first descriptor, ignoring the others'
 /// addresses, is caught) and after its last piece.
 const DST_GAP: u32 = 16;
-/// Most pieces a dst is cut into ([`Layout::IndirectCut`]).
+/// Most pieces a dst is cut into ([`requests::Layout::IndirectCut`]).
 const MAX_DST_PIECES: usize = 8;
 /// Room in a slot's dst area past `max_size`: the gaps and the tail.
 const DST_SLACK: usize = DST_GAP as usize * MAX_DST_PIECES;
