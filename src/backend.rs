@@ -32,7 +32,7 @@ use crate::eventfd::read_eventfd_nowait;
 use crate::seccomp::WorkerFilter;
 use crate::sessions::SessionTable;
 use crate::virtq::ring::RingAddrs;
-use crate::virtq::MAX_QUEUE_SIZE;
+use crate::wire::split_ring::MAX_QUEUE_SIZE;
 use crate::worker::QueueWorker;
 
 /// Virtio features the backend offers: `VERSION_1`, `RING_F_INDIRECT_DESC`,

@@ -45,7 +45,7 @@ use crate::virtq::descriptor::ChainWalker;
 use crate::virtq::ring::{
     vring_need_event, QueueError, Ring, RingAddrs, VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_NOTIFY,
 };
-use crate::virtq::MAX_QUEUE_SIZE;
+use crate::wire::split_ring::MAX_QUEUE_SIZE;
 
 /// Most chains taken from the avail ring before their used elements are
 /// published (one used-index store each): a driver that keeps the ring

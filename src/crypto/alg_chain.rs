@@ -6,11 +6,11 @@ use algorithms::{Direction, MacKey, MacStream, MAX_MAC_LEN};
 
 use crate::virtq::descriptor::ChainWalker;
 use crate::virtq::segments::{gather, scatter, Cursor, Segment};
-use crate::wire::virtio_crypto::{AlgChainPara, Status, OP_DATA_REQ_SIZE};
+use crate::wire::virtio_crypto::{AlgChainPara, Status, AES_CBC_IV_LEN, OP_DATA_REQ_SIZE};
 
 use super::cipher::run_cipher;
 use super::validate::Valid;
-use super::{complete, Completion, IV_LEN};
+use super::{complete, Completion};
 
 /// The validated chaining part of a request: every range lies inside src
 /// (offsets relative to src, in bytes).
@@ -62,7 +62,8 @@ pub(super) fn check_alg_chain<'s>(
 ///   result (generate).
 /// * Decrypt (HASH_THEN_CIPHER): the MAC of src's hash range is compared,
 ///   in constant time, with the digest the driver put in the hash result
-///   (verify, as DPDK's vhost-crypto does); on a mismatch the request
+///   (the device-writable buffer after dst, read once into a local copy;
+///   verify, as DPDK's vhost-crypto does); on a mismatch the request
 ///   completes with ERR and dst is not touched. Otherwise dst = src with
 ///   the cipher range decrypted.
 ///
@@ -70,7 +71,7 @@ pub(super) fn check_alg_chain<'s>(
 /// success is `dst_data_len + hash_result_len + 1` in both directions
 /// (DPDK's convention); 1 on a digest mismatch.
 pub(super) fn run_alg_chain(w: &ChainWalker, v: &Valid<'_, '_>, c: &AlgChain<'_>) -> Completion {
-    let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
+    let src_off = OP_DATA_REQ_SIZE + AES_CBC_IV_LEN as usize;
     let mut digest = [0u8; MAX_MAC_LEN];
     let digest = &mut digest[..c.digest_len];
     if v.direction == Direction::Decrypt {

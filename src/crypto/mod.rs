@@ -38,15 +38,12 @@ use algorithms::Direction;
 use crate::sessions::Sessions;
 use crate::virtq::descriptor::ChainWalker;
 use crate::virtq::segments::Cursor;
-use crate::wire::virtio_crypto::{Status, OP_DATA_REQ_SIZE};
+use crate::wire::virtio_crypto::{Status, AES_CBC_IV_LEN, OP_DATA_REQ_SIZE};
 use alg_chain::run_alg_chain;
 use cipher::run_cipher;
 use validate::validate;
 
 pub use lanes::{prefetch_read, prefetch_write, run_lanes, LaneReq};
-
-/// AES-CBC IV length the device accepts.
-pub const IV_LEN: u32 = 16;
 
 /// Outcome of one request: what to put on the used ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +93,7 @@ pub fn prepare<'s>(
         Ok(v) => v,
         Err(status) => return Prepared::Done(complete(w, status, 0, 0)),
     };
-    let src_off = OP_DATA_REQ_SIZE + IV_LEN as usize;
+    let src_off = OP_DATA_REQ_SIZE + AES_CBC_IV_LEN as usize;
     if let Some(alg_chain) = &v.alg_chain {
         return Prepared::Done(run_alg_chain(w, &v, alg_chain));
     }

@@ -9,13 +9,13 @@ use crate::sessions::Sessions;
 use crate::virtq::descriptor::ChainWalker;
 use crate::virtq::segments::{gather_array, Cursor};
 use crate::wire::virtio_crypto::{
-    AlgChainPara, OpDataReq, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC,
+    AlgChainPara, OpDataReq, Status, AES_CBC_IV_LEN, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_AES_CBC,
     VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING,
     VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
 use super::alg_chain::{check_alg_chain, AlgChain};
-use super::{RequestLimits, IV_LEN};
+use super::RequestLimits;
 
 /// A request that passed every check.
 pub(super) struct Valid<'w, 's> {
@@ -76,7 +76,7 @@ pub(super) fn validate<'w, 's>(
     }
     if session.direction != direction
         || session.mac.is_some() != alg_chain_para.is_some()
-        || h.iv_len != IV_LEN
+        || h.iv_len != AES_CBC_IV_LEN
         || h.src_data_len != h.dst_data_len
         || h.src_data_len > limits.max_request_bytes
     {
@@ -96,7 +96,7 @@ pub(super) fn validate<'w, 's>(
             (None, 0)
         }
     };
-    let src_off = OP_DATA_REQ_SIZE as u64 + u64::from(IV_LEN);
+    let src_off = OP_DATA_REQ_SIZE as u64 + u64::from(AES_CBC_IV_LEN);
     if w.readable_len < src_off + len || w.writable_len < len + digest_len + 1 {
         return Err(Status::Err);
     }
@@ -105,7 +105,7 @@ pub(super) fn validate<'w, 's>(
     if !gather_array(at, &mut iv) {
         return Err(Status::Err);
     }
-    at.advance(IV_LEN as usize);
+    at.advance(AES_CBC_IV_LEN as usize);
     Ok(Valid {
         key: &session.key,
         direction,

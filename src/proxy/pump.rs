@@ -15,7 +15,7 @@ use crate::backend::PROTOCOL_FEATURES;
 use crate::eventfd::{check_ring_eventfd, own_eventfd, EventFdCopies};
 use crate::memory_check::check_memory_regions_bounded;
 use crate::sessions::SessionRegistry;
-use crate::virtq::MAX_QUEUE_SIZE;
+use crate::wire::split_ring::MAX_QUEUE_SIZE;
 use crate::wire::vhost_user::{FrontendReq, Header, NEED_REPLY, VRING_IDX_MASK};
 
 use super::closer::{Closer, MAX_PENDING_CLOSES};

@@ -9,8 +9,9 @@ use std::ptr;
 use virtio_bindings::virtio_ring;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 
+use super::map_contiguous;
 use super::segments::Segment;
-use super::{map_contiguous, MAX_QUEUE_SIZE};
+use crate::wire::split_ring::MAX_QUEUE_SIZE;
 
 /// `VRING_DESC_F_NEXT` (VIRTIO 1.2 §2.7.5), as the descriptor's u16.
 pub const VRING_DESC_F_NEXT: u16 = virtio_ring::VRING_DESC_F_NEXT as u16;

@@ -14,9 +14,6 @@ pub mod segments;
 
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 
-/// Largest queue size a split ring may have (VIRTIO 1.2 §2.7).
-pub const MAX_QUEUE_SIZE: u16 = 32768;
-
 /// Returns a host pointer to `len` bytes at `addr` when they lie in one
 /// mapped region.
 pub fn map_contiguous(mem: &GuestMemoryMmap, addr: u64, len: usize) -> Option<*mut u8> {

@@ -9,7 +9,8 @@ use virtio_bindings::virtio_ring;
 use vm_memory::GuestMemoryMmap;
 
 use super::descriptor::DESC_SIZE;
-use super::{map_contiguous, MAX_QUEUE_SIZE};
+use super::map_contiguous;
+use crate::wire::split_ring::MAX_QUEUE_SIZE;
 
 /// Guest-physical layout of a split ring, as set by the frontend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -78,6 +78,10 @@ pub enum Status {
     NoSpc = 5,
 }
 
+/// The IV length of AES-CBC in bytes, the only `iv_len` a request of this
+/// device may give: the AES block size (FIPS 197; NIST SP 800-38A §6.2).
+pub const AES_CBC_IV_LEN: u32 = 16;
+
 /// Size of `virtio_crypto_op_data_req` in bytes (spec §5.9.7.3).
 pub const OP_DATA_REQ_SIZE: usize = 72;
 
@@ -270,6 +274,7 @@ mod tests {
             (1, 2)
         );
         assert_eq!(OP_DATA_REQ_SIZE, 72);
+        assert_eq!(AES_CBC_IV_LEN, 16);
     }
 
     #[test]

@@ -32,7 +32,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, VIRTIO_CRYPTO_SYM_OP_CIPHER};
+use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_SYM_OP_CIPHER};
 
 use crate::driver_ring::{Descriptor, F_NEXT, F_WRITE};
 use crate::frontend::{CryptoFrontend, Error, Used, NO_SLOT};
@@ -173,7 +173,7 @@ impl RawReq {
     }
 }
 
-fn header_bytes(h: &RawHeader, sid: u64) -> [u8; 72] {
+fn header_bytes(h: &RawHeader, sid: u64) -> [u8; OP_DATA_REQ_SIZE] {
     OpDataReq {
         opcode: h.opcode,
         algo: h.algo,
@@ -186,7 +186,7 @@ fn header_bytes(h: &RawHeader, sid: u64) -> [u8; 72] {
     .to_bytes()
 }
 
-fn data_bytes(spec: &str, hdr: &[u8; 72]) -> Result<Vec<u8>, String> {
+fn data_bytes(spec: &str, hdr: &[u8; OP_DATA_REQ_SIZE]) -> Result<Vec<u8>, String> {
     if spec == "header" {
         return Ok(hdr.to_vec());
     }
@@ -256,7 +256,11 @@ pub fn run_raw(
                 .unwrap_or_else(|| h.session.as_deref().map_or(0, &session_id))
         })
         .unwrap_or(0);
-    let hdr = r.header.as_ref().map(|h| header_bytes(h, sid)).unwrap_or([0; 72]);
+    let hdr = r
+        .header
+        .as_ref()
+        .map(|h| header_bytes(h, sid))
+        .unwrap_or([0; OP_DATA_REQ_SIZE]);
     let n = r.descriptors.len();
     let mut descs = Vec::with_capacity(n);
     let mut status_at = None;

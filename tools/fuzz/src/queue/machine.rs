@@ -9,7 +9,12 @@ use vhost_crypto_replay::driver_ring::{
 };
 use vhost_crypto_replay::rng::{below, Rng as _, SeedableRng, SplitMix64};
 use vhost_user_crypto::sessions::SessionRegistry;
-use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, VIRTIO_CRYPTO_SYM_OP_CIPHER};
+use vhost_user_crypto::wire::virtio_crypto::{
+    OpDataReq, AES_CBC_IV_LEN, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_SYM_OP_CIPHER,
+};
+
+/// Bytes of a request's readable stream before its src: header and IV.
+const HEAD_LEN: u64 = OP_DATA_REQ_SIZE as u64 + AES_CBC_IV_LEN as u64;
 use vhost_user_crypto::worker::QueueWorker;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -285,7 +290,7 @@ impl Machine {
         let in_place = s.shape & 2 != 0;
         let merged = s.shape & 4 != 0;
         let extra = u64::from(s.shape >> 4 & 7);
-        let foot = 88 + len + if in_place { 1 } else { 16 + len + 1 };
+        let foot = HEAD_LEN + len + if in_place { 1 } else { 16 + len + 1 };
         let base = self.resolve(s.at, foot);
 
         let hdr = OpDataReq {
@@ -293,7 +298,7 @@ impl Machine {
             algo: 0,
             session_id: id,
             op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER,
-            iv_len: 16,
+            iv_len: AES_CBC_IV_LEN,
             src_data_len: len as u32,
             dst_data_len: len as u32,
         };
@@ -302,7 +307,7 @@ impl Machine {
         let mut readable = hdr.to_bytes().to_vec();
         readable.extend_from_slice(&iv);
         readable.extend_from_slice(&data);
-        let src_at = base.wrapping_add(88);
+        let src_at = base.wrapping_add(HEAD_LEN);
         let dst_at = if in_place {
             src_at
         } else {
@@ -312,7 +317,7 @@ impl Machine {
         self.poke(base, &readable);
 
         let mut bufs = Vec::new();
-        for (a, b) in rng.cuts(88 + len, extra, None) {
+        for (a, b) in rng.cuts(HEAD_LEN + len, extra, None) {
             bufs.push(Buf::readable(base.wrapping_add(a), (b - a) as u32));
         }
         let must = if merged { None } else { Some(len) };
@@ -365,7 +370,7 @@ impl Machine {
             }
         }
         let mut footprint = vec![
-            (base, base.wrapping_add(88 + len)),
+            (base, base.wrapping_add(HEAD_LEN + len)),
             (dst_at, status_at.wrapping_add(1)),
         ];
         // Its own indirect table written over its bytes: not predicted.

@@ -36,8 +36,8 @@ use vhost_crypto_replay::driver_ring::{self, DescAlloc, Descriptor, DriverRing, 
 use vhost_user_crypto::crypto::RequestLimits;
 use vhost_user_crypto::sessions::session_set;
 use vhost_user_crypto::wire::virtio_crypto::{
-    virtio_crypto_opcode, Status, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
-    VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT,
+    virtio_crypto_opcode, Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_DECRYPT,
+    VIRTIO_CRYPTO_CIPHER_ENCRYPT, VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT,
 };
 use vhost_user_crypto::worker::QueueWorker;
 
@@ -144,7 +144,7 @@ pub fn run_program(p: &QueueProgram, reference: Reference) -> Outcome {
                 m.disturb();
             }
             QOp::Header { at, hdr } => {
-                let a = m.resolve(*at, 72);
+                let a = m.resolve(*at, OP_DATA_REQ_SIZE as u64);
                 m.poke(a, &hdr.to_bytes());
                 m.disturb();
             }

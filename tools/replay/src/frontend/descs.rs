@@ -7,6 +7,7 @@
 use super::queue::Shape;
 use super::{DescMode, DriverQueue, DESCS_PER_REQUEST, MAX_RAW_DESCS};
 use crate::driver_ring::{self, encode, indirect_head, Buf, Descriptor};
+use vhost_user_crypto::wire::virtio_crypto::OP_DATA_REQ_SIZE;
 
 impl DriverQueue {
     /// [`DriverQueue::submit_request_in`]'s descriptors for `slot`, of
@@ -64,7 +65,7 @@ impl DriverQueue {
 
     /// The buffers of a request of `shape` (iv_len, len, digest_len,
     /// in_place) in buffer set `b`, in the order [`DriverQueue::write_descs`]
-    /// links them ([`driver_ring::chain`]): header (72 bytes), IV, src,
+    /// links them ([`driver_ring::chain`]): header ([`OP_DATA_REQ_SIZE`] bytes), IV, src,
     /// dst (src when in place), the hash result when it has bytes, status.
     /// Returns them and how many.
     fn shape_bufs(&self, b: usize, shape: Shape) -> ([Buf; DESCS_PER_REQUEST as usize], usize) {
@@ -72,7 +73,7 @@ impl DriverQueue {
         let l = self.set_layout(b);
         let dst = if in_place { l.src } else { l.dst };
         let all = [
-            Buf::readable(l.hdr, 72),
+            Buf::readable(l.hdr, OP_DATA_REQ_SIZE as u32),
             Buf::readable(l.iv, iv_len),
             Buf::readable(l.src, len),
             Buf::writable(dst, len),

@@ -152,8 +152,8 @@ pub struct FrontendConfig {
     pub dpdk: bool,
 }
 
-/// The largest ring this tool sets up (entries; a power of two).
-pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// The largest ring this tool sets up (entries): the spec's maximum.
+pub use vhost_user_crypto::wire::split_ring::MAX_QUEUE_SIZE;
 
 /// Whether `n` is a ring size this tool accepts: a power of two up to
 /// [`MAX_QUEUE_SIZE`].

@@ -5,7 +5,7 @@
 
 use algorithms::Direction;
 use vhost_user_crypto::wire::virtio_crypto::{
-    OpDataReq, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
+    OpDataReq, AES_CBC_IV_LEN, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
     VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
@@ -27,18 +27,22 @@ pub(super) fn request_header(dir: Direction, sid: u64, len: u32) -> [u8; OP_DATA
         algo: 0,
         session_id: sid,
         op_type: VIRTIO_CRYPTO_SYM_OP_CIPHER,
-        iv_len: 16,
+        iv_len: AES_CBC_IV_LEN,
         src_data_len: len,
         dst_data_len: len,
     }
     .to_bytes()
 }
 
+/// Bytes of a request's readable stream before its src: header and IV.
+const HEAD_LEN: u32 = OP_DATA_REQ_SIZE as u32 + AES_CBC_IV_LEN;
+
 /// Where a soak request's contiguous readable stream (header, IV, src)
-/// starts: 88 bytes before the slot's src, inside the slot's header area.
+/// starts: [`HEAD_LEN`] bytes before the slot's src, inside the slot's
+/// header area.
 pub(super) fn readable_start(l: SlotLayout) -> u64 {
-    debug_assert!(l.src - l.hdr >= 88);
-    l.src - 88
+    debug_assert!(l.src - l.hdr >= u64::from(HEAD_LEN));
+    l.src - u64::from(HEAD_LEN)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,9 +110,11 @@ impl Soak<'_, '_> {
     /// the slot's src, see [`readable_start`]), cut anywhere; dst is cut
     /// into pieces `DST_GAP` bytes apart (returned too).
     pub(super) fn descs(&mut self, l: SlotLayout, len: u32, layout: Layout) -> (Vec<Descriptor>, Vec<u32>) {
-        let readable = 72 + 16 + len;
+        let readable = HEAD_LEN + len;
         let (r_cuts, d_cuts) = match layout {
-            Layout::Direct | Layout::Indirect => (vec![72, 16, len], vec![len]),
+            Layout::Direct | Layout::Indirect => {
+                (vec![OP_DATA_REQ_SIZE as u32, AES_CBC_IV_LEN, len], vec![len])
+            }
             Layout::DirectCut => {
                 let r = 1 + below(&mut self.rng, 3) as usize;
                 let d = 1 + below(&mut self.rng, (4 - r) as u64) as usize;
@@ -188,7 +194,7 @@ impl Soak<'_, '_> {
             let mem = dq.mem();
             let at = readable_start(l);
             mem.write(at, &hdr);
-            mem.write(at + 72, &iv);
+            mem.write(at + OP_DATA_REQ_SIZE as u64, &iv);
             mem.write(l.src, &self.srcs[q][usize::from(slot)][..len as usize]);
             // The pieces, the gaps between them and DST_GAP bytes after.
             let fill = len as usize + DST_GAP as usize * d_cuts.len();

@@ -7,7 +7,7 @@
 use algorithms::Direction;
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::{
-    Status, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT,
+    Status, AES_CBC_IV_LEN, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_OP_DECRYPT, VIRTIO_CRYPTO_OP_ENCRYPT,
 };
 use zeroize::Zeroizing;
 
@@ -231,7 +231,7 @@ impl Soak<'_, '_> {
         let hdr = request_header(p.dir, p.sid, p.len);
         let at = readable_start(l);
         let hdr_ok = mem.view(at, OP_DATA_REQ_SIZE) == hdr.as_slice();
-        let iv_ok = mem.view(at + 72, 16) == p.iv.as_slice();
+        let iv_ok = mem.view(at + OP_DATA_REQ_SIZE as u64, AES_CBC_IV_LEN as usize) == p.iv.as_slice();
         let put = &self.descs_put[q][usize::from(u.slot)];
         let [(a0, n0), (a1, n1)] = put.areas;
         let descs_ok = mem.view(a0, n0) == &put.bytes[..n0] && mem.view(a1, n1) == &put.bytes[n0..n0 + n1];
