@@ -13,9 +13,8 @@
 //! The backend is never told whether the guest negotiated
 //! `VIRTIO_RING_F_EVENT_IDX` (QEMU's cryptodev-vhost-user only sends
 //! `SET_FEATURES` = `VHOST_USER_F_PROTOCOL_FEATURES`, `docs/PROTOCOL.md`
-//! §4.2, §7),
-//! so `avail_event` is always kept current: a guest that uses it keeps
-//! kicking, one that does not ignores it.
+//! §4.2, §7), so `avail_event` is always kept current: a guest that uses
+//! it keeps kicking, one that does not ignores it.
 //!
 //! Ring memory is translated once per batch. Ring fields are read with
 //! volatile or atomic accesses, each exactly once.

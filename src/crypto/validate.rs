@@ -29,12 +29,18 @@ pub(super) struct Valid<'w, 's> {
     pub(super) src: Cursor<'w>,
 }
 
+/// Checks the request whose chain `w` walked, in the order of the status
+/// policy, and returns what the cipher needs.
+///
+/// # Errors
+/// The status the request completes with (`docs/PROTOCOL.md` §6).
 pub(super) fn validate<'w, 's>(
     w: &'w ChainWalker,
     sessions: &'s Sessions,
     limits: RequestLimits,
 ) -> Result<Valid<'w, 's>, Status> {
-    // 1. Header readable: copied out once, everything below uses the copy.
+    // 1. Header readable (docs/PROTOCOL.md §6, steps 1 and 2): copied
+    // out once, everything below uses the copy.
     if w.status.is_none() {
         return Err(Status::Err);
     }
@@ -45,7 +51,7 @@ pub(super) fn validate<'w, 's>(
     }
     let h = OpDataReq::from_bytes(&raw);
 
-    // 2. Opcode, op_type and algorithm supported.
+    // 2. Opcode, op_type and algorithm supported (step 3).
     let direction = match h.opcode {
         VIRTIO_CRYPTO_CIPHER_ENCRYPT => Direction::Encrypt,
         VIRTIO_CRYPTO_CIPHER_DECRYPT => Direction::Decrypt,
@@ -67,10 +73,11 @@ pub(super) fn validate<'w, 's>(
         return Err(Status::NotSupp);
     }
 
-    // 3. Session known.
+    // 3. Session known (step 4).
     let session = sessions.get(h.session_id).ok_or(Status::InvSess)?;
 
-    // 4. Everything else.
+    // 4. Everything else (steps 5 to 8; step 9, the digest, is checked
+    // by `run_alg_chain`).
     if w.fault.is_some() || !w.readable_ok || !w.writable_ok {
         return Err(Status::Err);
     }

@@ -9,7 +9,7 @@
 //!
 //! The frontend can make the system calls of these checks wait as long as
 //! it likes, so they run in a helper process ([`helper`]) started from a
-//! thread of their own, for at most [`MEMORY_CHECK_LIMIT`].
+//! thread of their own, for at most `MEMORY_CHECK_LIMIT` (2 s).
 
 pub mod helper;
 pub mod hugetlbfs;
@@ -39,11 +39,11 @@ static MEMORY_CHECKS_RUNNING: AtomicUsize = AtomicUsize::new(0);
 /// exit of the daemon could finish then; so the daemon goes on serving,
 /// with at most this many threads and 4 × 32 descriptor copies held, and
 /// refuses memory tables while they wait.)
-pub const MAX_STUCK_MEMORY_CHECKS: usize = 4;
+pub(crate) const MAX_STUCK_MEMORY_CHECKS: usize = 4;
 
 /// How long the checks of a memory table's files may take: they run on a
 /// thread of their own ([`check_memory_regions_bounded`]).
-pub const MEMORY_CHECK_LIMIT: Duration = Duration::from_secs(2);
+pub(crate) const MEMORY_CHECK_LIMIT: Duration = Duration::from_secs(2);
 
 /// [`check_memory_regions`] in a helper process ([`helper::use_memory_check_helper`];
 /// else directly), started from a thread of its own, for at most
@@ -62,7 +62,7 @@ pub const MEMORY_CHECK_LIMIT: Duration = Duration::from_secs(2);
 /// # Errors
 /// As [`check_memory_regions`]; `TimedOut` past the limit; `WouldBlock`
 /// while too many earlier checks wait; `dup` failing.
-pub fn check_memory_regions_bounded(
+pub(crate) fn check_memory_regions_bounded(
     request: FrontendReq,
     payload: &[u8],
     fds: &[File],
@@ -134,7 +134,7 @@ pub fn check_memory_regions_bounded(
 /// `VhostUserMemory` (u32 count, u32 padding, then 32-byte regions: guest
 /// address, size, frontend address, mmap offset), or for ADD_MEM_REG an u64
 /// padding and one region (vhost-user spec, "Memory regions description").
-pub fn check_memory_regions(
+pub(crate) fn check_memory_regions(
     request: FrontendReq,
     payload: &[u8],
     fds: &[File],

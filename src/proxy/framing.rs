@@ -143,6 +143,10 @@ pub(super) fn recv_message(sock: &UnixStream, closer: Option<&Closer>) -> io::Re
     Ok(Some(Message { hdr, payload, fds }))
 }
 
+/// Sends `data` whole, with `fds` attached to its first bytes.
+///
+/// # Errors
+/// Socket errors.
 pub(super) fn send_all(sock: &UnixStream, data: &[u8], fds: &[File]) -> io::Result<()> {
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
     let mut sent = sock.send_with_fds(&[data], &raw).map_err(io::Error::from)?;

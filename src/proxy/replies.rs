@@ -127,16 +127,19 @@ pub(super) struct Owed {
 }
 
 impl Owed {
+    /// One more reply is owed (a forwarded message the library answers).
     pub(super) fn owe(&self) {
         *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
     }
 
+    /// The library sent one reply.
     pub(super) fn paid(&self) {
         let mut c = self.count.lock().unwrap_or_else(|e| e.into_inner());
         *c = c.saturating_sub(1);
         self.changed.notify_all();
     }
 
+    /// Nothing more will come (the library's end closed).
     pub(super) fn paid_all(&self) {
         *self.count.lock().unwrap_or_else(|e| e.into_inner()) = 0;
         self.changed.notify_all();

@@ -8,8 +8,9 @@
 //! session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
 //! (benchmark traces), [`raw`] (descriptor-level requests), [`soak`]
-//! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`reference`](mod@reference) (the
-//! cipher expected outputs come from).
+//! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`rng`] (the seeded
+//! generator), [`reference`](mod@reference) (the cipher expected outputs
+//! come from).
 
 #![deny(missing_docs)]
 

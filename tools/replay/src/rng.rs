@@ -6,8 +6,8 @@
 //! one more).
 //!
 //! A seed `s` starts the generator at state `s ^ 0x9e37_79b9_7f4a_7c15`
-//! ([`seeded`]): shipped traces, their `"seed"` values and `soak --seed`
-//! runs give the same bytes and requests as they always have.
+//! ([`seeded`]), so a seed names the same bytes and requests on every
+//! run: the shipped traces' `"seed"` values and `soak --seed` depend on it.
 
 pub use rand_core::{Rng, SeedableRng};
 pub use rand_xoshiro::SplitMix64;
@@ -32,7 +32,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seeds_start_where_the_tool_always_started() {
+    fn seeded_generator_is_the_reference_splitmix64() {
         // splitmix64.c (Vigna) from state 1 ^ 0x9e3779b97f4a7c15:
         // x += 0x9e3779b97f4a7c15, then the two xor-shift-multiply rounds.
         let mut r = seeded(1);
