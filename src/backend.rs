@@ -620,6 +620,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn offered_features_are_the_spec_bits() {
+        // VIRTIO 1.2 §6: VERSION_1 (32), RING_INDIRECT_DESC (28),
+        // RING_EVENT_IDX (29), NOTIFY_ON_EMPTY (24); vhost-user:
+        // VHOST_USER_F_PROTOCOL_FEATURES (30).
+        assert_eq!(
+            FEATURES,
+            (1 << 32) | (1 << 30) | (1 << 29) | (1 << 28) | (1 << 24)
+        );
+    }
+
+    #[test]
     fn offered_protocol_features_are_mq_reply_ack_and_crypto_session() {
         // Bits 0, 3 and 7 of the vhost-user spec's "Protocol features".
         assert_eq!(PROTOCOL_FEATURES, 0x89);

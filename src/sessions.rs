@@ -570,7 +570,8 @@ pub fn session_set_with_ids(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vhost_crypto_replay::rng::{Rng as _, SeedableRng, SplitMix64};
+    use rand_core::{Rng as _, SeedableRng};
+    use rand_xoshiro::SplitMix64;
 
     fn info(key_len: u32, direction: u8) -> SymSessionInfo {
         let mut i = SymSessionInfo {
