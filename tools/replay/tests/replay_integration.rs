@@ -14,7 +14,10 @@ use vhost_user_crypto::wire::session::SessionAbi;
 
 #[path = "common/daemon.rs"]
 mod daemon;
-use daemon::{one_queue, spawn_daemon};
+#[path = "../../../tests/common/frontend_config.rs"]
+mod frontend_config;
+use daemon::spawn_daemon;
+use frontend_config::one_queue;
 
 fn trace(name: &str) -> Trace {
     Trace::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../traces").join(name)).unwrap()

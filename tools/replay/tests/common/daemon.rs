@@ -1,12 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! The daemon for the replay package's socket tests, and the frontend
-//! configuration they share.
+//! The daemon for the replay package's socket tests.
 
 use std::path::{Path, PathBuf};
 
-use vhost_crypto_replay::frontend::{DescMode, FrontendConfig};
 use vhost_crypto_replay::spawn::SpawnedDaemon;
-use vhost_user_crypto::wire::session::SessionAbi;
 
 /// The daemon binary a workspace build puts next to the replay binary
 /// (`cargo test --workspace` builds both).
@@ -29,20 +26,4 @@ pub fn daemon_bin() -> PathBuf {
 /// when dropped).
 pub fn spawn_daemon(args: &[&str]) -> SpawnedDaemon {
     SpawnedDaemon::start_with(Some(&daemon_bin()), args).expect("start the daemon")
-}
-
-/// One queue of `queue_size` entries, `queue_depth` requests of up to 64
-/// bytes in flight, layout C, indirect tables.
-pub fn one_queue(queue_size: u16, queue_depth: u16) -> FrontendConfig {
-    FrontendConfig {
-        queues: 1,
-        queue_size,
-        queue_depth,
-        max_payload: 64,
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
-    }
 }
