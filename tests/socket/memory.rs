@@ -43,20 +43,7 @@ fn memory_region_larger_than_its_file() {
         if o == "accepted" {
             let kick = EventFd::new(EFD_NONBLOCK).unwrap();
             let call = EventFd::new(EFD_NONBLOCK).unwrap();
-            c.send(
-                SET_VRING_KICK,
-                VERSION_1,
-                &0u64.to_le_bytes(),
-                &[kick.as_raw_fd()],
-            )
-            .unwrap();
-            c.send(
-                SET_VRING_CALL,
-                VERSION_1,
-                &0u64.to_le_bytes(),
-                &[call.as_raw_fd()],
-            )
-            .unwrap();
+            c.send_kick_and_call(kick.as_raw_fd(), call.as_raw_fd()).unwrap();
             kick.write(1).unwrap();
             std::thread::sleep(Duration::from_millis(50));
             c.send(GET_FEATURES, VERSION_1, &[], &[]).unwrap();

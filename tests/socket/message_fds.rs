@@ -173,20 +173,7 @@ fn descriptors_left_waiting_by_one_frontend_do_not_end_the_next_honest_one() {
         );
         c.send(SET_VRING_NUM, VERSION_1, &vring_state(0, 64), &[])
             .unwrap();
-        c.send(
-            SET_VRING_KICK,
-            VERSION_1,
-            &0u64.to_le_bytes(),
-            &[kick.as_raw_fd()],
-        )
-        .unwrap();
-        c.send(
-            SET_VRING_CALL,
-            VERSION_1,
-            &0u64.to_le_bytes(),
-            &[call.as_raw_fd()],
-        )
-        .unwrap();
+        c.send_kick_and_call(kick.as_raw_fd(), call.as_raw_fd()).unwrap();
         c.send(SET_VRING_BASE, VERSION_1, &vring_state(0, 0), &[])
             .unwrap();
         c.send(GET_FEATURES, VERSION_1, &[], &[]).unwrap();
@@ -224,19 +211,7 @@ fn descriptors_spread_over_one_message_cannot_make_the_pump_close_one() {
     let (sock, peer) = lingering_tcp_socket();
     // Stall the request pump (as hand_over_last_reference does): 1,000
     // refused CREATEs whose replies are not read yet.
-    let big: libc::c_int = 64 << 20;
-    // SAFETY: setsockopt with an int of ours on a socket we own.
-    unsafe {
-        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
-            libc::setsockopt(
-                c.s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&big as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
+    grow_send_buffer(&c, 64 << 20);
     const N: usize = 1000;
     let refused = Conn::message(CREATE_CRYPTO_SESSION, VERSION_1, &[0u8; 1072]);
     let all: Vec<u8> = refused.iter().copied().cycle().take(refused.len() * N).collect();

@@ -148,6 +148,23 @@ pub fn lingering_tcp_socket() -> (std::net::TcpStream, std::net::TcpStream) {
     (s, peer)
 }
 
+/// Asks for a send buffer of `bytes` on `c`'s socket: `SO_SNDBUFFORCE` as
+/// root, else `SO_SNDBUF`, which `wmem_max` caps (socket(7)).
+pub fn grow_send_buffer(c: &Conn, bytes: libc::c_int) {
+    // SAFETY: setsockopt with an int of ours on a socket we own.
+    unsafe {
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+            libc::setsockopt(
+                c.s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+}
+
 /// Sends `bytes` with `sock` attached so that the daemon holds the last
 /// reference to it: the message goes behind 1,000 refused CREATEs whose
 /// replies are not read yet (the daemon's request pump stops after the
@@ -156,20 +173,7 @@ pub fn lingering_tcp_socket() -> (std::net::TcpStream, std::net::TcpStream) {
 /// goes on to it.
 pub fn hand_over_last_reference(c: &Conn, bytes: &[u8], sock: std::net::TcpStream, extra: usize) {
     const N: usize = 1000;
-    let big: libc::c_int = 16 << 20;
-    // SAFETY: setsockopt with an int of ours on a socket we own (as root;
-    // SO_SNDBUF, capped by wmem_max, otherwise).
-    unsafe {
-        for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
-            libc::setsockopt(
-                c.s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&big as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
+    grow_send_buffer(c, 16 << 20);
     let refused = Conn::message(CREATE_CRYPTO_SESSION, VERSION_1, &[0u8; 1072]);
     let all: Vec<u8> = refused.iter().copied().cycle().take(refused.len() * N).collect();
     (&c.s).write_all(&all).unwrap();

@@ -60,6 +60,14 @@ impl Conn {
         self.send_bytes(&Self::message(req, flags, payload), fds)
     }
 
+    /// SET_VRING_KICK then SET_VRING_CALL for ring 0 with `kick` and
+    /// `call`, without NEED_REPLY and without waiting for anything (QEMU's
+    /// order, `docs/PROTOCOL.md` §4.1).
+    pub fn send_kick_and_call(&self, kick: RawFd, call: RawFd) -> io::Result<()> {
+        self.send(SET_VRING_KICK, VERSION_1, &0u64.to_le_bytes(), &[kick])?;
+        self.send(SET_VRING_CALL, VERSION_1, &0u64.to_le_bytes(), &[call])
+    }
+
     pub fn recv(&self) -> Got {
         let mut hdr = [0u8; 12];
         let mut got = 0;
