@@ -7,8 +7,9 @@
 //! caller can feed a message whose bytes live in several separate buffers
 //! (descriptor segments) one piece at a time.
 //!
-//! For algorithm chaining, [`mac`] adds HMAC-SHA1 and HMAC-SHA-256
-//! (`ring::hmac`) behind the same build-once, stream-per-request interface.
+//! For algorithm chaining, [`mac`] adds HMAC-SHA1 and HMAC-SHA-256 behind
+//! the same build-once, stream-per-request interface (RustCrypto's SHA-1
+//! and SHA-256 compression functions).
 //!
 //! The AES and CBC code itself is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
 //! `cipher` 0.4 (AES-NI or VAES when the CPU has them, a constant-time
