@@ -8,8 +8,9 @@
 //! (descriptor segments) one piece at a time.
 //!
 //! For algorithm chaining, [`mac`] adds HMAC-SHA1 and HMAC-SHA-256 behind
-//! the same build-once, stream-per-request interface (RustCrypto's SHA-1
-//! and SHA-256 compression functions).
+//! the same build-once, stream-per-request interface, plus [`mac_multi`],
+//! the tags of up to 16 messages with their SHA-NI compressions
+//! interleaved (the crate's only `unsafe` code: the SHA-NI intrinsics).
 //!
 //! The AES and CBC code itself is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
 //! `cipher` 0.4 (AES-NI or VAES when the CPU has them, a constant-time
@@ -17,7 +18,7 @@
 //! (the `zeroize` features of `aes` and `cbc`), and no type here prints key
 //! material in its `Debug` output.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 use aes::{Aes128, Aes192, Aes256};
@@ -29,7 +30,10 @@ use std::fmt;
 pub use cipher;
 
 pub mod mac;
-pub use mac::{MacAlg, MacError, MacKey, MacStream, MAX_MAC_LEN};
+pub use mac::{
+    mac_multi, mac_multi_with, sha_engine, MacAlg, MacError, MacJob, MacKey, MacStream, ShaEngine,
+    MAX_MAC_LANES, MAX_MAC_LEN, SHA_ENGINE_ENV,
+};
 
 /// AES block size in bytes (FIPS 197).
 pub const AES_BLOCK_SIZE: usize = 16;

@@ -15,7 +15,8 @@
 //! costs the message's blocks plus one block for the outer hash. The
 //! compression functions are RustCrypto's `sha1::compress` and
 //! `sha2::compress256` (SHA-NI when the CPU has it, picked at run time by
-//! `cpufeatures`).
+//! `cpufeatures`), and, for several messages at once, the interleaved
+//! SHA-NI kernels of [`mac_multi`].
 //!
 //! Truncated MACs (RFC 2104 §5): a session may ask for the leftmost
 //! `digest_len` bytes (1 up to the hash size) of the tag; verification
@@ -23,13 +24,19 @@
 //!
 //! Key material: the inner and outer states are each as good as the key.
 //! They are plain arrays inside [`MacKey`] and [`MacStream`] (no heap) and
-//! both types zeroize them when dropped. The raw key bytes are not kept.
+//! both types zeroize them when dropped; [`mac_multi`] wipes its copies on
+//! the stack before it returns. The raw key bytes are not kept.
 
 use std::fmt;
 
 use sha2::digest::generic_array::GenericArray;
 use subtle::ConstantTimeEq;
 use zeroize::Zeroize;
+
+mod multi;
+mod sha_lanes;
+
+pub use multi::{mac_multi, mac_multi_with, sha_engine, MacJob, ShaEngine, MAX_MAC_LANES, SHA_ENGINE_ENV};
 
 /// Largest tag any supported MAC produces (SHA-256: 32 bytes).
 pub const MAX_MAC_LEN: usize = 32;
@@ -234,6 +241,13 @@ impl MacKey {
             total: BLOCK as u64,
             digest_len: self.digest_len,
         }
+    }
+
+    /// Starts a MAC computation and feeds it `data`.
+    fn start_with(&self, data: &[u8]) -> MacStream {
+        let mut s = self.start();
+        s.update(data);
+        s
     }
 
     /// One-shot MAC of `data`, truncated to the session's digest length,
