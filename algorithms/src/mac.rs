@@ -34,6 +34,7 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroize;
 
 mod multi;
+mod sha1_x16;
 mod sha_lanes;
 
 pub use multi::{mac_multi, mac_multi_with, sha_engine, MacJob, ShaEngine, MAX_MAC_LANES, SHA_ENGINE_ENV};

@@ -343,6 +343,7 @@ fn engine_names_round_trip_and_unknown_names_are_none() {
     }
     assert_eq!(ShaEngine::from_name("shani"), Some(ShaEngine::ShaNi));
     assert_eq!(ShaEngine::from_name("portable"), Some(ShaEngine::Portable));
+    assert_eq!(ShaEngine::from_name("avx512-x16"), Some(ShaEngine::Avx512X16));
     assert_eq!(ShaEngine::from_name("avx9000"), None);
     assert_eq!(ShaEngine::from_name(""), None);
 }

@@ -81,7 +81,7 @@ fn matches_single_stream_on_random_batches() {
         let keylen = [16, 24, 32][round % 3];
         let key = AesCbcKey::new(&rng.bytes(keylen)).unwrap();
         let lanes_n = 1 + (rng.next() as usize % MAX_LANES);
-        let in_place = rng.next() % 2 == 0;
+        let in_place = rng.next().is_multiple_of(2);
         // Every fourth round all lanes have one length (the equal-length
         // loop); otherwise lengths differ.
         let same = (round % 4 == 3).then(|| 1 + rng.next() as usize % 39);
@@ -250,7 +250,7 @@ fn eight_equal_lanes_in_place_or_not_match_single_stream() {
         let ivs: Vec<[u8; 16]> = (0..MAX_LANES)
             .map(|_| rng.bytes(16).try_into().unwrap())
             .collect();
-        let inpl: Vec<bool> = (0..MAX_LANES).map(|_| rng.next() % 2 == 0).collect();
+        let inpl: Vec<bool> = (0..MAX_LANES).map(|_| rng.next().is_multiple_of(2)).collect();
         // Page-strided sometimes (skew path when >= 32 blocks).
         let stride = if round % 2 == 0 { 4096 } else { n + 48 };
         let mut src = vec![0u8; stride * MAX_LANES + 4096];
