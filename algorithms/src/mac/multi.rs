@@ -205,11 +205,13 @@ enum Kernel {
 /// Widest SHA-NI kernel [`run`] calls.
 const MAX_WIDTH: usize = 4;
 
-/// A message in progress in a lane.
-#[derive(Clone)]
+/// A message in progress in a lane (its hash state is kept apart, in the
+/// layout the kernel wants).
 struct Slot {
     /// Index into the batch.
     job: usize,
+    /// Whether the lane holds a message.
+    live: bool,
     /// The part being hashed: 0 whole data blocks, 1 padded final blocks
     /// (`tail`), 2 outer block (`tail`'s first block).
     part: u8,
@@ -217,25 +219,24 @@ struct Slot {
     done: usize,
     /// Blocks in the current part.
     blocks: usize,
-    state: [u32; 8],
     tail: [u8; 2 * BLOCK],
 }
 
 impl Slot {
     const EMPTY: Slot = Slot {
         job: 0,
+        live: false,
         part: 0,
         done: 0,
         blocks: 0,
-        state: [0; 8],
         tail: [0; 2 * BLOCK],
     };
 
-    /// Starts `job`: inner state, padded final blocks.
-    fn start(&mut self, job: usize, j: &MacJob<'_>) {
+    /// Starts `job`: padded final blocks; returns the inner state.
+    fn start(&mut self, job: usize, j: &MacJob<'_>) -> [u32; 8] {
         let whole = j.data.len() / BLOCK;
         self.job = job;
-        self.state = j.key.inner;
+        self.live = true;
         let tail_blocks = pad(
             &j.data[whole * BLOCK..],
             (BLOCK + j.data.len()) as u64,
@@ -249,10 +250,16 @@ impl Slot {
             self.part = 1;
             self.blocks = tail_blocks;
         }
+        j.key.inner
+    }
+
+    /// Blocks left in the current part.
+    fn left(&self) -> usize {
+        self.blocks - self.done
     }
 
     /// The unhashed blocks of the current part.
-    fn data<'s>(&'s self, jobs: &[MacJob<'s>]) -> &'s [u8] {
+    fn data<'s>(&'s self, jobs: &'s [MacJob<'_>]) -> &'s [u8] {
         let from = self.done * BLOCK;
         let to = self.blocks * BLOCK;
         match self.part {
@@ -261,9 +268,10 @@ impl Slot {
         }
     }
 
-    /// Moves to the next part once the current one is done. Returns true
-    /// when the message is finished (its tag written).
-    fn advance(&mut self, alg: MacAlg, jobs: &mut [MacJob<'_>]) -> bool {
+    /// Moves to the next part once the current one is done (`state` is the
+    /// lane's hash state, replaced by the outer key state after the inner
+    /// hash). Returns true when the message is finished (its tag written).
+    fn advance(&mut self, alg: MacAlg, jobs: &mut [MacJob<'_>], state: &mut [u32; 8]) -> bool {
         if self.done < self.blocks {
             return false;
         }
@@ -279,14 +287,15 @@ impl Slot {
                 false
             }
             1 => {
-                outer_block(alg, &self.state, &mut self.tail);
-                self.state = jobs[self.job].key.outer;
+                outer_block(alg, state, &mut self.tail);
+                *state = jobs[self.job].key.outer;
                 self.part = 2;
                 self.blocks = 1;
                 false
             }
             _ => {
-                jobs[self.job].tag = digest_bytes(alg, &self.state);
+                jobs[self.job].tag = digest_bytes(alg, state);
+                self.live = false;
                 true
             }
         }
@@ -296,36 +305,50 @@ impl Slot {
 /// Hashes the jobs `idx` of `jobs` (all of algorithm `alg`, SHA-1 for
 /// [`Kernel::X16`]) in lanes of the kernel's width.
 fn run(kernel: Kernel, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8]) {
-    let width = match kernel {
-        Kernel::Ni(_, w) => w.clamp(1, MAX_WIDTH),
-        Kernel::X16(_) => sha1_x16::LANES,
-    };
-    let mut slots = [const { Slot::EMPTY }; MAX_MAC_LANES];
+    match kernel {
+        Kernel::Ni(ni, w) => run_ni(ni, w.clamp(1, MAX_WIDTH), alg, jobs, idx),
+        Kernel::X16(x16) => run_x16(x16, jobs, idx),
+    }
+}
+
+/// [`run`] with the SHA-NI kernels: live lanes are compacted to the
+/// front, and a call takes as many lanes as are live.
+fn run_ni(ni: ShaNi, width: usize, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8]) {
+    let mut slots = [const { Slot::EMPTY }; MAX_WIDTH];
+    let mut states = [[0u32; 8]; MAX_WIDTH];
+    // Lane k is slots[order[k]]: finished lanes swap indices, not slots.
+    let mut order = [0, 1, 2, 3];
     let mut next = idx.iter();
     let mut active = 0;
     loop {
         while active < width {
             let Some(&i) = next.next() else { break };
-            slots[active].start(usize::from(i), &jobs[usize::from(i)]);
+            let s = order[active];
+            states[s] = slots[s].start(usize::from(i), &jobs[usize::from(i)]);
             active += 1;
         }
         if active == 0 {
             break;
         }
-        let lanes = &mut slots[..active];
-        let m = lanes.iter().map(|s| s.blocks - s.done).min().unwrap_or(0);
-        match (kernel, active) {
-            (Kernel::X16(x16), _) => call_x16(x16, lanes, jobs, m),
-            (Kernel::Ni(ni, _), 1) => call::<1>(ni, alg, lanes, jobs, m),
-            (Kernel::Ni(ni, _), 2) => call::<2>(ni, alg, lanes, jobs, m),
-            (Kernel::Ni(ni, _), 3) => call::<3>(ni, alg, lanes, jobs, m),
-            (Kernel::Ni(ni, _), _) => call::<4>(ni, alg, lanes, jobs, m),
+        let m = order[..active]
+            .iter()
+            .map(|&s| slots[s].left())
+            .min()
+            .unwrap_or(0);
+        let lanes = &order[..active];
+        match active {
+            1 => call::<1>(ni, alg, &slots, &mut states, lanes, jobs, m),
+            2 => call::<2>(ni, alg, &slots, &mut states, lanes, jobs, m),
+            3 => call::<3>(ni, alg, &slots, &mut states, lanes, jobs, m),
+            _ => call::<4>(ni, alg, &slots, &mut states, lanes, jobs, m),
         }
         let mut k = 0;
         while k < active {
-            if slots[k].advance(alg, jobs) {
+            let s = order[k];
+            slots[s].done += m;
+            if slots[s].advance(alg, jobs, &mut states[s]) {
                 active -= 1;
-                slots.swap(k, active);
+                order.swap(k, active);
             } else {
                 k += 1;
             }
@@ -333,41 +356,88 @@ fn run(kernel: Kernel, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8]) {
     }
     // The states are as good as the key for this message's hash; the
     // tails hold message bytes and, in the outer block, the inner digest.
+    states.zeroize();
     for s in &mut slots[..width.min(idx.len())] {
-        s.state.zeroize();
         s.tail[..MAX_MAC_LEN].zeroize();
     }
 }
 
-/// Runs `m` blocks of each lane through the 16-lane SHA-1 kernel; lanes
-/// past `lanes.len()` hash lane 0's blocks again and are dropped.
-fn call_x16(x16: Avx512, lanes: &mut [Slot], jobs: &[MacJob<'_>], m: usize) {
-    let n = lanes.len();
-    let mut states: [[u32; 8]; sha1_x16::LANES] = std::array::from_fn(|l| lanes[l % n].state);
-    {
-        let data: [&[u8]; sha1_x16::LANES] = std::array::from_fn(|l| lanes[l % n].data(jobs));
-        x16.sha1(&mut states, data, m);
+/// Runs `m` blocks of each of the `N` lanes `lanes` (slot indices) through
+/// the SHA-NI kernel.
+fn call<const N: usize>(
+    ni: ShaNi,
+    alg: MacAlg,
+    slots: &[Slot],
+    states: &mut [[u32; 8]; MAX_WIDTH],
+    lanes: &[usize],
+    jobs: &[MacJob<'_>],
+    m: usize,
+) {
+    let mut st: [[u32; 8]; N] = std::array::from_fn(|l| states[lanes[l]]);
+    let data: [&[u8]; N] = std::array::from_fn(|l| slots[lanes[l]].data(jobs));
+    match alg {
+        MacAlg::HmacSha1 => ni.sha1(&mut st, data, m),
+        MacAlg::HmacSha256 => ni.sha256(&mut st, data, m),
     }
-    for (s, st) in lanes.iter_mut().zip(&states) {
-        s.state = *st;
-        s.done += m;
+    for (l, s) in st.iter().enumerate() {
+        states[lanes[l]] = *s;
     }
-    states.zeroize();
+    st.zeroize();
 }
 
-/// Runs `m` blocks of each of the `N` lanes through the kernel.
-fn call<const N: usize>(ni: ShaNi, alg: MacAlg, lanes: &mut [Slot], jobs: &[MacJob<'_>], m: usize) {
-    let mut states: [[u32; 8]; N] = std::array::from_fn(|l| lanes[l].state);
-    {
-        let data: [&[u8]; N] = std::array::from_fn(|l| lanes[l].data(jobs));
-        match alg {
-            MacAlg::HmacSha1 => ni.sha1(&mut states, data, m),
-            MacAlg::HmacSha256 => ni.sha256(&mut states, data, m),
+/// [`run`] with the 16-lane AVX-512 SHA-1 kernel. The states stay in the
+/// kernel's layout (word-major) from call to call; lanes keep their
+/// places, and a lane without a message hashes a live lane's blocks again
+/// (its result is not used).
+fn run_x16(x16: Avx512, jobs: &mut [MacJob<'_>], idx: &[u8]) {
+    const L: usize = sha1_x16::LANES;
+    let alg = MacAlg::HmacSha1;
+    let mut slots = [const { Slot::EMPTY }; L];
+    let mut st = [[0u32; L]; 5];
+    let mut next = idx.iter();
+    let used = idx.len().min(L);
+    for (l, slot) in slots.iter_mut().enumerate().take(used) {
+        let Some(&i) = next.next() else { break };
+        let s = slot.start(usize::from(i), &jobs[usize::from(i)]);
+        for (w, row) in st.iter_mut().enumerate() {
+            row[l] = s[w];
         }
     }
-    for (s, st) in lanes.iter_mut().zip(&states) {
-        s.state = *st;
-        s.done += m;
+    while let Some(any) = slots.iter().position(|s| s.live) {
+        let m = slots.iter().filter(|s| s.live).map(Slot::left).min().unwrap_or(0);
+        {
+            let data: [&[u8]; L] = std::array::from_fn(|l| {
+                let s = if slots[l].live { &slots[l] } else { &slots[any] };
+                s.data(jobs)
+            });
+            x16.sha1(&mut st, data, m);
+        }
+        for l in 0..L {
+            let slot = &mut slots[l];
+            if !slot.live {
+                continue;
+            }
+            slot.done += m;
+            if slot.left() > 0 {
+                continue;
+            }
+            let mut s = [0u32; 8];
+            for (w, row) in st.iter().enumerate() {
+                s[w] = row[l];
+            }
+            if slot.advance(alg, jobs, &mut s) {
+                if let Some(&i) = next.next() {
+                    s = slot.start(usize::from(i), &jobs[usize::from(i)]);
+                }
+            }
+            for (w, row) in st.iter_mut().enumerate() {
+                row[l] = s[w];
+            }
+            s.zeroize();
+        }
     }
-    states.zeroize();
+    st.zeroize();
+    for s in &mut slots[..used] {
+        s.tail[..MAX_MAC_LEN].zeroize();
+    }
 }

@@ -36,9 +36,9 @@ impl Avx512 {
     }
 
     /// SHA-1 compression of `blocks` blocks from each lane's data into its
-    /// state (first five words of each `[u32; 8]`). Panics if a lane's
-    /// data is shorter than `blocks * 64` bytes.
-    pub(crate) fn sha1(self, states: &mut [[u32; 8]; LANES], data: [&[u8]; LANES], blocks: usize) {
+    /// state: `states[w][l]` is word `w` (h0..h4) of lane `l`. Panics if a
+    /// lane's data is shorter than `blocks * 64` bytes.
+    pub(crate) fn sha1(self, states: &mut [[u32; LANES]; 5], data: [&[u8]; LANES], blocks: usize) {
         assert!(data.iter().all(|d| d.len() >= blocks * 64));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512` exists only when the CPU has the features the
@@ -55,12 +55,11 @@ impl Avx512 {
 /// `blocks * 64` bytes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn kernel(states: &mut [[u32; 8]; LANES], data: [&[u8]; LANES], blocks: usize) {
+unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [&[u8]; LANES], blocks: usize) {
     let mut h = [_mm512_setzero_si512(); 5];
-    for (k, hk) in h.iter_mut().enumerate() {
-        let t: [u32; LANES] = std::array::from_fn(|l| states[l][k]);
-        // SAFETY: `t` is 64 bytes.
-        *hk = unsafe { _mm512_loadu_si512(t.as_ptr() as *const _) };
+    for (hk, row) in h.iter_mut().zip(states.iter()) {
+        // SAFETY: `row` is 64 bytes.
+        *hk = unsafe { _mm512_loadu_si512(row.as_ptr() as *const _) };
     }
     // Each lane's address as an offset from lane 0's (the gathers' base).
     let base = data[0].as_ptr();
@@ -130,12 +129,8 @@ unsafe fn kernel(states: &mut [[u32; 8]; LANES], data: [&[u8]; LANES], blocks: u
             *hk = _mm512_add_epi32(*hk, x);
         }
     }
-    for (k, hk) in h.iter().enumerate() {
-        let mut t = [0u32; LANES];
-        // SAFETY: `t` is 64 bytes.
-        unsafe { _mm512_storeu_si512(t.as_mut_ptr() as *mut _, *hk) };
-        for l in 0..LANES {
-            states[l][k] = t[l];
-        }
+    for (hk, row) in h.iter().zip(states.iter_mut()) {
+        // SAFETY: `row` is 64 bytes.
+        unsafe { _mm512_storeu_si512(row.as_mut_ptr() as *mut _, *hk) };
     }
 }
