@@ -102,10 +102,17 @@ fn compress(alg: MacAlg, state: &mut [u32; 8], blocks: &[u8]) {
 /// step 4, §6.2.2 step 4); bytes past `alg.output_len()` are zero.
 fn digest_bytes(alg: MacAlg, state: &[u32; 8]) -> [u8; MAX_MAC_LEN] {
     let mut out = [0u8; MAX_MAC_LEN];
+    digest_into(alg, state, &mut out);
+    out
+}
+
+/// Writes the hash value of `state` to the start of `out` (at least
+/// `alg.output_len()` bytes), word by word: no intermediate array, whose
+/// 4-byte stores read back 16 bytes at a time would miss store forwarding.
+fn digest_into(alg: MacAlg, state: &[u32; 8], out: &mut [u8]) {
     for (o, w) in out.chunks_exact_mut(4).zip(&state[..alg.output_len() / 4]) {
         o.copy_from_slice(&w.to_be_bytes());
     }
-    out
 }
 
 /// Builds the final padded block(s) of a message (FIPS 180-4 §5.1.1):
@@ -129,10 +136,11 @@ fn pad(rest: &[u8], total: u64, out: &mut [u8; 2 * BLOCK]) -> usize {
 /// The outer hash's one block: the inner digest and its padding (the
 /// outer message is the opad block plus the digest).
 fn outer_block(alg: MacAlg, inner: &[u32; 8], out: &mut [u8; 2 * BLOCK]) {
-    let mut d = digest_bytes(alg, inner);
-    let n = pad(&d[..alg.output_len()], (BLOCK + alg.output_len()) as u64, out);
-    debug_assert_eq!(n, 1);
-    d.zeroize();
+    let n = alg.output_len();
+    digest_into(alg, inner, out);
+    out[n] = 0x80;
+    out[n + 1..BLOCK - 8].fill(0);
+    out[BLOCK - 8..BLOCK].copy_from_slice(&(((BLOCK + n) * 8) as u64).to_be_bytes());
 }
 
 /// Errors building a MAC key.

@@ -17,7 +17,7 @@ use zeroize::Zeroize;
 
 use super::sha1_x16::{self, Avx512};
 use super::sha_lanes::ShaNi;
-use super::{digest_bytes, outer_block, pad, MacAlg, MacKey, BLOCK, MAX_MAC_LEN};
+use super::{digest_into, outer_block, pad, MacAlg, MacKey, BLOCK, MAX_MAC_LEN};
 
 /// Most messages one [`mac_multi`] call takes (the daemon's batch).
 pub const MAX_MAC_LANES: usize = 16;
@@ -294,7 +294,9 @@ impl Slot {
                 false
             }
             _ => {
-                jobs[self.job].tag = digest_bytes(alg, state);
+                let tag = &mut jobs[self.job].tag;
+                digest_into(alg, state, tag);
+                tag[alg.output_len()..].fill(0);
                 self.live = false;
                 true
             }
