@@ -5,8 +5,9 @@
 //!
 //! Each of the 80 rounds is a handful of 512-bit instructions for all 16
 //! streams (`vpternlogd` computes Ch, Parity and Maj in one instruction,
-//! `vprold` the rotations); the message words of the 16 blocks are
-//! gathered from the 16 streams' memory and byte-swapped.
+//! `vprold` the rotations); the 16 blocks are loaded one per register,
+//! byte-swapped and transposed so that register `t` holds word `t` of
+//! every block.
 
 #![allow(unsafe_code)]
 
@@ -50,6 +51,38 @@ impl Avx512 {
     }
 }
 
+/// Transposes 16 x 16 32-bit words: `w[t]` element `l` is `r[l]` element
+/// `t`. First within 128-bit chunks (32-bit, then 64-bit interleaves:
+/// afterwards chunk `c` of `u[4i+k]` holds word `4c+k` of rows `4i` to
+/// `4i+3`), then whole chunks across registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose(r: &[__m512i; LANES], w: &mut [__m512i; 16]) {
+    let z = _mm512_setzero_si512();
+    let mut t = [z; 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    let mut u = [z; 16];
+    for i in 0..4 {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for k in 0..4 {
+        let ab_lo = _mm512_shuffle_i32x4::<0x44>(u[k], u[4 + k]);
+        let ab_hi = _mm512_shuffle_i32x4::<0xee>(u[k], u[4 + k]);
+        let cd_lo = _mm512_shuffle_i32x4::<0x44>(u[8 + k], u[12 + k]);
+        let cd_hi = _mm512_shuffle_i32x4::<0xee>(u[8 + k], u[12 + k]);
+        w[k] = _mm512_shuffle_i32x4::<0x88>(ab_lo, cd_lo);
+        w[4 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_lo, cd_lo);
+        w[8 + k] = _mm512_shuffle_i32x4::<0x88>(ab_hi, cd_hi);
+        w[12 + k] = _mm512_shuffle_i32x4::<0xdd>(ab_hi, cd_hi);
+    }
+}
+
 /// # Safety
 /// The CPU has AVX-512F and AVX-512BW; each `data[l]` holds at least
 /// `blocks * 64` bytes.
@@ -61,32 +94,19 @@ unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [&[u8]; LANES], blocks: u
         // SAFETY: `row` is 64 bytes.
         *hk = unsafe { _mm512_loadu_si512(row.as_ptr() as *const _) };
     }
-    // Each lane's address as an offset from lane 0's (the gathers' base).
-    let base = data[0].as_ptr();
-    let off: [i64; LANES] = std::array::from_fn(|l| (data[l].as_ptr() as i64).wrapping_sub(base as i64));
-    // SAFETY: `off` is 128 bytes.
-    let (off_lo, off_hi) = unsafe {
-        (
-            _mm512_loadu_si512(off.as_ptr() as *const _),
-            _mm512_loadu_si512(off.as_ptr().add(8) as *const _),
-        )
-    };
     let bswap = _mm512_broadcast_i32x4(_mm_set_epi8(12, 13, 14, 15, 8, 9, 10, 11, 4, 5, 6, 7, 0, 1, 2, 3));
     let mut w = [_mm512_setzero_si512(); 16];
     for j in 0..blocks {
-        for (t, wt) in w.iter_mut().enumerate() {
-            let at = _mm512_set1_epi64((j * 64 + t * 4) as i64);
-            // SAFETY: lane l reads the 4 bytes at data[l] + 64j + 4t, inside
-            // its `blocks` blocks (caller); base + off[l] is data[l].
-            let (lo, hi) = unsafe {
-                (
-                    _mm512_i64gather_epi32::<1>(_mm512_add_epi64(off_lo, at), base as *const _),
-                    _mm512_i64gather_epi32::<1>(_mm512_add_epi64(off_hi, at), base as *const _),
-                )
-            };
-            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-            *wt = _mm512_shuffle_epi8(v, bswap);
+        // Row l: block j of lane l, its 16 words byte-swapped.
+        let mut r = [_mm512_setzero_si512(); LANES];
+        for (rl, d) in r.iter_mut().zip(&data) {
+            // SAFETY: block j < blocks lies inside data[l] (caller).
+            *rl = _mm512_shuffle_epi8(
+                unsafe { _mm512_loadu_si512(d.as_ptr().add(j * 64) as *const _) },
+                bswap,
+            );
         }
+        transpose(&r, &mut w);
         let [mut a, mut b, mut c, mut d, mut e] = h;
         // One round: e += rotl5(a) + f(b, c, d) + K + W[t]; b = rotl30(b).
         // Rounds 16.. first extend the schedule (FIPS 180-4 §6.1.2 step 1).
