@@ -219,6 +219,9 @@ struct Slot {
     done: usize,
     /// Blocks in the current part.
     blocks: usize,
+    /// Whether part 0 runs on into the padded final blocks (one part for
+    /// the whole inner hash; [`Slot::pieces`]).
+    merged: bool,
     tail: [u8; 2 * BLOCK],
 }
 
@@ -229,6 +232,7 @@ impl Slot {
         part: 0,
         done: 0,
         blocks: 0,
+        merged: false,
         tail: [0; 2 * BLOCK],
     };
 
@@ -243,6 +247,7 @@ impl Slot {
             &mut self.tail,
         );
         self.done = 0;
+        self.merged = false;
         if whole > 0 {
             self.part = 0;
             self.blocks = whole;
@@ -251,6 +256,32 @@ impl Slot {
             self.blocks = tail_blocks;
         }
         j.key.inner
+    }
+
+    /// Starts `job` with the whole inner hash as one part (data blocks,
+    /// then padded final blocks); returns the inner state.
+    fn start_merged(&mut self, job: usize, j: &MacJob<'_>) -> [u32; 8] {
+        let inner = self.start(job, j);
+        let whole = j.data.len() / BLOCK;
+        self.part = 0;
+        self.merged = true;
+        self.blocks = whole + if j.data.len() % BLOCK + 9 <= BLOCK { 1 } else { 2 };
+        inner
+    }
+
+    /// The unhashed blocks of the current part as two pieces (for a merged
+    /// part 0: the data's whole blocks, then the padded final blocks).
+    fn pieces<'s>(&'s self, jobs: &'s [MacJob<'_>]) -> [&'s [u8]; 2] {
+        if !(self.merged && self.part == 0) {
+            return [self.data(jobs), &[]];
+        }
+        let whole = jobs[self.job].data.len() / BLOCK;
+        let tail = &self.tail[..(self.blocks - whole) * BLOCK];
+        if self.done < whole {
+            [&jobs[self.job].data[self.done * BLOCK..whole * BLOCK], tail]
+        } else {
+            [&tail[(self.done - whole) * BLOCK..], &[]]
+        }
     }
 
     /// Blocks left in the current part.
@@ -277,7 +308,7 @@ impl Slot {
         }
         self.done = 0;
         match self.part {
-            0 => {
+            0 if !self.merged => {
                 self.part = 1;
                 self.blocks = if jobs[self.job].data.len() % BLOCK + 9 <= BLOCK {
                     1
@@ -286,7 +317,7 @@ impl Slot {
                 };
                 false
             }
-            1 => {
+            0 | 1 => {
                 outer_block(alg, state, &mut self.tail);
                 *state = jobs[self.job].key.outer;
                 self.part = 2;
@@ -400,7 +431,7 @@ fn run_x16(x16: Avx512, jobs: &mut [MacJob<'_>], idx: &[u8]) {
     let used = idx.len().min(L);
     for (l, slot) in slots.iter_mut().enumerate().take(used) {
         let Some(&i) = next.next() else { break };
-        let s = slot.start(usize::from(i), &jobs[usize::from(i)]);
+        let s = slot.start_merged(usize::from(i), &jobs[usize::from(i)]);
         for (w, row) in st.iter_mut().enumerate() {
             row[l] = s[w];
         }
@@ -408,9 +439,9 @@ fn run_x16(x16: Avx512, jobs: &mut [MacJob<'_>], idx: &[u8]) {
     while let Some(any) = slots.iter().position(|s| s.live) {
         let m = slots.iter().filter(|s| s.live).map(Slot::left).min().unwrap_or(0);
         {
-            let data: [&[u8]; L] = std::array::from_fn(|l| {
+            let data: [[&[u8]; 2]; L] = std::array::from_fn(|l| {
                 let s = if slots[l].live { &slots[l] } else { &slots[any] };
-                s.data(jobs)
+                s.pieces(jobs)
             });
             x16.sha1(&mut st, data, m);
         }
@@ -429,7 +460,7 @@ fn run_x16(x16: Avx512, jobs: &mut [MacJob<'_>], idx: &[u8]) {
             }
             if slot.advance(alg, jobs, &mut s) {
                 if let Some(&i) = next.next() {
-                    s = slot.start(usize::from(i), &jobs[usize::from(i)]);
+                    s = slot.start_merged(usize::from(i), &jobs[usize::from(i)]);
                 }
             }
             for (w, row) in st.iter_mut().enumerate() {

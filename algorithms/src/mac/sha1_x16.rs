@@ -37,10 +37,14 @@ impl Avx512 {
     }
 
     /// SHA-1 compression of `blocks` blocks from each lane's data into its
-    /// state: `states[w][l]` is word `w` (h0..h4) of lane `l`. Panics if a
-    /// lane's data is shorter than `blocks * 64` bytes.
-    pub(crate) fn sha1(self, states: &mut [[u32; LANES]; 5], data: [&[u8]; LANES], blocks: usize) {
-        assert!(data.iter().all(|d| d.len() >= blocks * 64));
+    /// state: `states[w][l]` is word `w` (h0..h4) of lane `l`. A lane's
+    /// data is two pieces hashed one after the other (the message's whole
+    /// blocks and its padded final blocks). Panics if a first piece is not
+    /// whole blocks or a lane's pieces hold fewer than `blocks` blocks.
+    pub(crate) fn sha1(self, states: &mut [[u32; LANES]; 5], data: [[&[u8]; 2]; LANES], blocks: usize) {
+        assert!(data
+            .iter()
+            .all(|[a, b]| a.len() % 64 == 0 && a.len() / 64 + b.len() / 64 >= blocks));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512` exists only when the CPU has the features the
         // kernel is compiled for, and every lane holds `blocks` whole blocks
@@ -84,11 +88,11 @@ fn transpose(r: &[__m512i; LANES], w: &mut [__m512i; 16]) {
 }
 
 /// # Safety
-/// The CPU has AVX-512F and AVX-512BW; each `data[l]` holds at least
-/// `blocks * 64` bytes.
+/// The CPU has AVX-512F and AVX-512BW; each lane's first piece is whole
+/// blocks, and its two pieces hold at least `blocks` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [&[u8]; LANES], blocks: usize) {
+unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [[&[u8]; 2]; LANES], blocks: usize) {
     let mut h = [_mm512_setzero_si512(); 5];
     for (hk, row) in h.iter_mut().zip(states.iter()) {
         // SAFETY: `row` is 64 bytes.
@@ -99,12 +103,16 @@ unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [&[u8]; LANES], blocks: u
     for j in 0..blocks {
         // Row l: block j of lane l, its 16 words byte-swapped.
         let mut r = [_mm512_setzero_si512(); LANES];
-        for (rl, d) in r.iter_mut().zip(&data) {
-            // SAFETY: block j < blocks lies inside data[l] (caller).
-            *rl = _mm512_shuffle_epi8(
-                unsafe { _mm512_loadu_si512(d.as_ptr().add(j * 64) as *const _) },
-                bswap,
-            );
+        for (rl, [a, b]) in r.iter_mut().zip(&data) {
+            let na = a.len() / 64;
+            let p = if j < na {
+                a.as_ptr().wrapping_add(j * 64)
+            } else {
+                b.as_ptr().wrapping_add((j - na) * 64)
+            };
+            // SAFETY: block j < blocks lies inside the lane's two pieces
+            // (caller): in the first if j < na, else in the second.
+            *rl = _mm512_shuffle_epi8(unsafe { _mm512_loadu_si512(p as *const _) }, bswap);
         }
         transpose(&r, &mut w);
         let [mut a, mut b, mut c, mut d, mut e] = h;
