@@ -16,7 +16,7 @@
 //! compression functions are RustCrypto's `sha1::compress` and
 //! `sha2::compress256` (SHA-NI when the CPU has it, picked at run time by
 //! `cpufeatures`), and, for several messages at once, the interleaved
-//! SHA-NI kernels of [`mac_multi`].
+//! SHA-NI kernels and the 16-lane AVX-512 SHA-1 of [`mac_multi`].
 //!
 //! Truncated MACs (RFC 2104 §5): a session may ask for the leftmost
 //! `digest_len` bytes (1 up to the hash size) of the tag; verification
