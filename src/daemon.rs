@@ -295,7 +295,7 @@ pub const TEARDOWN_STUCK_EXIT: i32 = 3;
 /// The longest a connection's teardown may take in all: [`TEARDOWN_LIMIT`]
 /// plus the worst batch each worker may still be finishing
 /// (`algorithms::MAX_LANES` requests of `--max-request-bytes`) at a
-/// pessimistic 50 MB/s (HMAC-SHA1 through `ring` runs at about 400 MB/s
+/// pessimistic 50 MB/s (single-stream HMAC-SHA1 runs at about 600 MB/s
 /// here). A frontend gone for good could otherwise keep a second worker
 /// busy with kicks on an eventfd it still holds, and reset the
 /// no-CPU clock for ever.

@@ -27,8 +27,8 @@
 //! zeroized when a session is closed (it is dropped from every table at
 //! once) and when the connection ends (the tables are dropped), see
 //! `algorithms::AesCbcKey`. Copies that moves and the cipher libraries
-//! leave on a thread's stack (spilled round keys, HMAC states, ring's
-//! padded HMAC key) are cleared with [`wipe_stack`]: by the session-message
+//! leave on a thread's stack (spilled round keys, HMAC states, the padded
+//! HMAC key block) are cleared with [`wipe_stack`]: by the session-message
 //! handler after each CREATE, and by each queue worker after the first
 //! batch that follows a CLOSE and whenever it goes back to waiting for
 //! kicks (`QueueWorker::process`, `backend.rs`).
@@ -65,7 +65,7 @@ const MAX_PRERESERVED: usize = 4096;
 pub const WORKER_STACK_WIPE_BYTES: usize = 32 * 1024;
 
 /// Bytes of stack the session-message handler wipes after a CREATE: key
-/// expansion and `ring`'s HMAC key set-up go deeper than 32 KiB in a debug
+/// expansion and the HMAC key set-up go deeper than 32 KiB in a debug
 /// build. A CREATE is rare, so the margin is wide.
 pub const CREATE_STACK_WIPE_BYTES: usize = 128 * 1024;
 
@@ -73,7 +73,7 @@ pub const CREATE_STACK_WIPE_BYTES: usize = 128 * 1024;
 /// frame: where the functions it called before kept their locals and
 /// spills, including copies of key material that no value owns any more
 /// (moved-from sessions, round keys the `aes` crate spilled or copied, the
-/// HMAC states and padded key `ring` made). Only what ran in frames the
+/// HMAC states and padded key block `algorithms::MacKey::new` made). Only what ran in frames the
 /// caller called is covered, so the key-handling code must not be inlined
 /// into the caller (`#[inline(never)]` on it). `zeroize::zeroize_stack`: a
 /// memset behind an optimisation barrier; the `security` suite's `key_residue` tests check
