@@ -3,8 +3,9 @@
 //! messages of 256 B and of 1500 B per batch, with the engines taking
 //! turns: each round times 200 batches on every engine in a row, so load
 //! from other processes hits all engines alike. Prints the median and the
-//! best round in MB/s (message bytes). `cargo bench -p algorithms --bench
-//! mac_alternate [-- ROUNDS]` (default 30).
+//! best round in MB/s (message bytes). Then one message at a time,
+//! `MacKey` against `ring::hmac`, taking turns the same way.
+//! `cargo bench -p algorithms --bench mac_alternate [-- ROUNDS]` (default 30).
 
 use algorithms::{mac_multi_with, MacAlg, MacJob, MacKey, ShaEngine, MAX_MAC_LANES};
 use std::time::Instant;
@@ -44,6 +45,47 @@ fn main() {
                     engine.name(),
                     mb(med),
                     mb(min)
+                );
+            }
+        }
+    }
+    single(rounds);
+}
+
+/// One message at a time: `MacKey::sign_into` against `ring::hmac::sign`.
+fn single(rounds: usize) {
+    for alg in [MacAlg::HmacSha1, MacAlg::HmacSha256] {
+        let key = MacKey::new(alg, &[0x0b; 20], alg.output_len()).unwrap();
+        let ring_alg = match alg {
+            MacAlg::HmacSha1 => ring::hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
+            MacAlg::HmacSha256 => ring::hmac::HMAC_SHA256,
+        };
+        let rkey = ring::hmac::Key::new(ring_alg, &[0x0b; 20]);
+        for size in [64usize, 256, 1500, 16384] {
+            let buf = vec![0x5au8; size];
+            let iters = (1 << 22) / (size + 256);
+            let mut t = [Vec::new(), Vec::new()];
+            for _ in 0..rounds {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    std::hint::black_box(ring::hmac::sign(&rkey, std::hint::black_box(&buf)));
+                }
+                t[0].push(start.elapsed().as_nanos() as f64 / iters as f64);
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut out = [0u8; 32];
+                    key.sign_into(std::hint::black_box(&buf), &mut out);
+                    std::hint::black_box(out);
+                }
+                t[1].push(start.elapsed().as_nanos() as f64 / iters as f64);
+            }
+            for (name, v) in ["ring", "mackey"].iter().zip(t.iter_mut()) {
+                v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                let mb = |ns: f64| size as f64 / ns * 1e3;
+                println!(
+                    "{alg:?} single {size:5} {name:11} median {:6.0} MB/s  best {:6.0} MB/s",
+                    mb(v[v.len() / 2]),
+                    mb(v[0])
                 );
             }
         }
