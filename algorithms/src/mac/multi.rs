@@ -34,6 +34,8 @@ pub const SHA_ENGINE_ENV: &str = "VHOST_USER_CRYPTO_SHA_ENGINE";
 pub enum ShaEngine {
     /// RustCrypto's compression functions (which use SHA-NI themselves
     /// when the CPU has it), one message after another. Runs everywhere.
+    /// ([`crate::MacStream`] uses the SHA-NI kernel of
+    /// [`ShaEngine::ShaNi`] when the CPU has SHA-NI.)
     Portable,
     /// This crate's SHA-NI kernel, one message at a time.
     ShaNi,
@@ -174,7 +176,7 @@ pub fn mac_multi_with(engine: ShaEngine, jobs: &mut [MacJob<'_>]) {
                 (_, _, Some(ni)) => Kernel::Ni(ni, engine.width()),
                 _ => {
                     for j in batch.iter_mut().filter(|j| j.key.alg == alg) {
-                        j.tag = j.key.start_with(j.data).finish_full();
+                        j.tag = j.key.tag_portable(j.data);
                     }
                     continue;
                 }
