@@ -10,7 +10,7 @@
 //! For algorithm chaining, [`mac`] adds HMAC-SHA1 and HMAC-SHA-256 behind
 //! the same build-once, stream-per-request interface, plus [`mac_multi`],
 //! the tags of up to 16 messages at once (SHA-NI with the compressions of
-//! several messages interleaved, or SHA-1 in 16 AVX-512 lanes; the crate's
+//! several messages interleaved, or 16 messages in AVX-512 lanes; the crate's
 //! only `unsafe` code is these intrinsics).
 //!
 //! The AES and CBC code itself is RustCrypto's `aes` 0.8 / `cbc` 0.1 /

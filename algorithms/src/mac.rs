@@ -15,7 +15,7 @@
 //! costs the message's blocks plus one block for the outer hash. The
 //! compression functions are this crate's SHA-NI kernels when the CPU
 //! has SHA-NI (one stream for [`MacStream`]; for several messages at once
-//! [`mac_multi`] interleaves them, or runs SHA-1 in 16 AVX-512 lanes), and
+//! [`mac_multi`] interleaves them, or hashes in 16 AVX-512 lanes), and
 //! RustCrypto's `sha1::compress` / `sha2::compress256` otherwise.
 //!
 //! Truncated MACs (RFC 2104 §5): a session may ask for the leftmost
@@ -34,7 +34,7 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroize;
 
 mod multi;
-mod sha1_x16;
+mod avx512_x16;
 mod sha_lanes;
 
 pub use multi::{mac_multi, mac_multi_with, sha_engine, MacJob, ShaEngine, MAX_MAC_LANES, SHA_ENGINE_ENV};
