@@ -105,7 +105,7 @@ pub struct QueueWorker {
     kicks_off: bool,
 }
 
-/// Encrypts the waiting lanes and records their used lengths; returns
+/// Runs the waiting lanes and records their used lengths; returns
 /// the bytes they went through ([`crate::crypto::Completion::work`]).
 fn flush_lanes(
     lanes: &mut [Option<LaneReq<'_>>; MAX_LANES],
@@ -113,7 +113,7 @@ fn flush_lanes(
     n: &mut usize,
     done: &mut [(u16, u32)],
 ) -> u64 {
-    run_lanes(&lanes[..*n]);
+    run_lanes(&mut lanes[..*n]);
     let mut bytes = 0;
     for (l, &slot) in lanes[..*n].iter_mut().zip(slots) {
         if let (Some(l), Some(d)) = (l.take(), done.get_mut(slot)) {
@@ -313,8 +313,8 @@ impl QueueWorker {
                 result,
             ));
         }
-        // Valid encrypt requests wait here, up to MAX_LANES under one
-        // key, and are encrypted together (multi-buffer AES-CBC).
+        // Requests that take the lanes (`crate::crypto::lanes`) wait
+        // here, up to MAX_LANES of one session, and run together.
         // Completions are put on the used ring in avail order at the
         // end of the batch; `slots` maps each waiting lane to its entry.
         let mut lanes: [Option<LaneReq<'_>>; MAX_LANES] = Default::default();

@@ -1,36 +1,72 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
-//! Multi-buffer lanes: valid encrypt requests of one batch under the same
-//! key, encrypted together (`algorithms::cbc_encrypt_multi`).
+//! Multi-buffer lanes: valid requests of one batch under the same
+//! session, run together. Encrypt requests, plain or with algorithm
+//! chaining, take the multi-buffer AES-CBC lanes
+//! (`algorithms::cbc_encrypt_multi`) and then, when chained, the
+//! multi-buffer MAC (`algorithms::mac_multi`); chained decrypt requests
+//! have their digests computed together, then each is decrypted.
 
 use std::ptr;
 
 use algorithms::cipher::inout::InOutBuf;
-use algorithms::{cbc_encrypt_multi, AesCbcKey, Lane, MAX_LANES};
+use algorithms::{
+    cbc_encrypt_multi, mac_multi, AesCbcKey, Direction, Lane, MacJob, MacKey, MAX_LANES, MAX_MAC_LEN,
+};
 
 use crate::wire::virtio_crypto::Status;
 
 use super::Completion;
 
-/// A validated encrypt request whose source and destination each lie in
-/// one contiguous mapped piece (the same memory, or not overlapping), ready
-/// to be encrypted together with others under the same key
-/// ([`run_lanes`]). Holds host pointers into guest memory: only valid while
-/// the guest-memory guard of the batch is held.
+/// A validated request whose source and destination each lie in one
+/// contiguous mapped piece (the same memory, or not overlapping), ready to
+/// run together with others of the same session ([`run_lanes`]). Holds
+/// host pointers into guest memory: only valid while the guest-memory
+/// guard of the batch is held.
 #[derive(Debug)]
 pub struct LaneReq<'s> {
     /// The session's key schedule.
     pub key: &'s AesCbcKey,
+    pub(super) direction: Direction,
     pub(super) iv: [u8; 16],
+    /// src: `len` bytes.
     pub(super) src: *const u8,
+    /// dst: `len` bytes.
     pub(super) dst: *mut u8,
+    /// `src_data_len` = `dst_data_len`, in bytes.
     pub(super) len: usize,
+    /// The bytes ciphered: `cipher_len` from `cipher_off` (relative to
+    /// src and dst); all of them for a plain request.
+    pub(super) cipher_off: usize,
+    pub(super) cipher_len: usize,
+    /// The MAC of a chained request.
+    pub(super) mac: Option<LaneMac<'s>>,
     pub(super) status: *mut u8,
+    /// Set by [`run_lanes`]: false when a chained decrypt request's digest
+    /// did not match.
+    pub(super) verified: bool,
+}
+
+/// The MAC part of a chained [`LaneReq`]: the hashed range, relative to
+/// dst (encrypt: computed after the cipher ran) or src (decrypt: checked
+/// before it runs), and the hash result.
+#[derive(Debug)]
+pub(super) struct LaneMac<'s> {
+    pub(super) key: &'s MacKey,
+    /// The hash result: `key.digest_len()` mapped device-writable bytes.
+    pub(super) digest: *mut u8,
+    pub(super) hash_off: usize,
+    pub(super) hash_len: usize,
 }
 
 impl LaneReq<'_> {
     /// Most cache lines of each buffer [`LaneReq::prefetch`] asks for
     /// (longer buffers are sequential streams the hardware prefetches).
     pub const PREFETCH_LINES: usize = 16;
+
+    /// Digest bytes after dst: 0 for a plain request.
+    fn digest_len(&self) -> usize {
+        self.mac.as_ref().map_or(0, |m| m.key.digest_len())
+    }
 
     /// Starts loading the request's src lines and taking ownership of its
     /// dst and status lines, so that by the time its group of lanes runs
@@ -39,93 +75,223 @@ impl LaneReq<'_> {
     pub fn prefetch(&self) {
         // Lines touched, counted from each buffer's first line (the
         // buffers need not be line aligned).
-        let lines = |p: usize| ((p % 64) + self.len).div_ceil(64).min(Self::PREFETCH_LINES);
+        let lines = |p: usize, len: usize| ((p % 64) + len).div_ceil(64).min(Self::PREFETCH_LINES);
         let src = self.src.wrapping_sub(self.src as usize % 64);
-        for i in 0..lines(self.src as usize) {
+        for i in 0..lines(self.src as usize, self.len) {
             prefetch_read(src.wrapping_add(64 * i));
         }
         let dst = self.dst.wrapping_sub(self.dst as usize % 64);
-        for i in 0..lines(self.dst as usize) {
+        for i in 0..lines(self.dst as usize, self.len) {
             prefetch_write(dst.wrapping_add(64 * i));
+        }
+        if let Some(m) = &self.mac {
+            prefetch_write(m.digest);
         }
         prefetch_write(self.status);
     }
 
-    /// The completion once [`run_lanes`] has run it.
+    /// The completion once [`run_lanes`] has run it: used length
+    /// `dst_data_len + hash_result_len + 1` and OK, or 1 and ERR on a
+    /// digest mismatch (as [`super::alg_chain::run_alg_chain`]).
     pub fn completion(&self) -> Completion {
-        Completion {
-            used_len: self.len as u32 + 1,
-            status: Some(Status::Ok),
-            work: self.len as u64,
+        let hashed = self.mac.as_ref().map_or(0, |m| m.hash_len) as u64;
+        if self.verified {
+            Completion {
+                used_len: (self.len + self.digest_len()) as u32 + 1,
+                status: Some(Status::Ok),
+                work: self.len as u64 + hashed,
+            }
+        } else {
+            Completion {
+                used_len: 1,
+                status: Some(Status::Err),
+                work: hashed,
+            }
         }
     }
 }
 
-/// Encrypts the lanes (all under the same key, at most
-/// [`algorithms::MAX_LANES`]) with multi-buffer AES-CBC and writes their OK
-/// status bytes.
+/// Runs the lanes (all of one session, at most [`algorithms::MAX_LANES`])
+/// and writes their status bytes; [`LaneReq::completion`] then tells
+/// each one's used length.
 ///
 /// Lanes whose buffers overlap one another where one of them writes (a
 /// guest that gives two requests of a batch the same or overlapping
 /// bytes) are not run side by side: their slices would alias. They run one
 /// at a time in avail order instead, each status written after its
 /// request. (Only among the lanes: a request of the batch completed on its
-/// own in [`super::prepare`], such as a decrypt, runs when it is reached, before
-/// earlier lanes are flushed.)
-pub fn run_lanes(lanes: &[Option<LaneReq<'_>>]) {
-    let Some(key) = lanes.iter().flatten().next().map(|l| l.key) else {
+/// own in [`super::prepare`] runs when it is reached, before earlier lanes
+/// are flushed.)
+pub fn run_lanes(lanes: &mut [Option<LaneReq<'_>>]) {
+    if lanes_overlap(lanes) {
+        for l in lanes.iter_mut() {
+            run_group(std::slice::from_mut(l));
+        }
+    } else {
+        run_group(lanes);
+    }
+}
+
+/// Runs lanes that do not overlap where one of them writes.
+fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
+    let Some(first) = lanes.iter().flatten().next() else {
         return;
     };
-    if lanes_overlap(lanes) {
-        for l in lanes.iter().flatten() {
-            let mut one = [lane(l)];
-            let _ = cbc_encrypt_multi(key, &mut one);
-            // SAFETY: as below; the lane's slices are gone.
-            unsafe { ptr::write_volatile(l.status, Status::Ok as u8) };
-        }
-        return;
-    }
+    let (key, direction) = (first.key, first.direction);
     // Only the first `used` entries are handed over: a group of fewer
     // than MAX_LANES (the end of a batch, a lone request at queue depth
     // 1) runs as that many lanes, and one request as a single stream.
-    let mut multi: [Lane<'_>; MAX_LANES] = std::array::from_fn(|_| Lane {
-        iv: [0; 16],
-        buf: InOutBuf::from(<&mut [u8]>::default()),
-    });
-    let mut used = 0;
-    for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
-        used += 1;
-        *m = lane(l);
+    // The MAC key of the group (one session); plain lanes have none.
+    let mac_key = first.mac.as_ref().map(|m| m.key);
+    if direction == Direction::Encrypt {
+        for l in lanes.iter().flatten() {
+            copy_outside_cipher(l);
+        }
+        let mut multi: [Lane<'_>; MAX_LANES] = std::array::from_fn(|_| Lane {
+            iv: [0; 16],
+            buf: InOutBuf::from(<&mut [u8]>::default()),
+        });
+        let mut used = 0;
+        for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
+            used += 1;
+            *m = lane(l);
+        }
+        // Lengths are whole blocks and there are at most MAX_LANES lanes.
+        let _ = cbc_encrypt_multi(key, &mut multi[..used]);
+        for l in lanes.iter_mut().flatten() {
+            l.verified = true;
+        }
+        if let Some(mac_key) = mac_key {
+            let mut jobs = mac_jobs(mac_key);
+            let n = fill_mac_jobs(lanes, &mut jobs, |l| l.dst);
+            mac_multi(&mut jobs[..n]);
+            let chained = lanes.iter().flatten().filter_map(|l| l.mac.as_ref());
+            for (m, j) in chained.zip(&jobs[..n]) {
+                // SAFETY: the hash result is mapped for digest_len bytes of
+                // device-writable memory (checked in `prepare`), and no
+                // mutable slice of guest memory is alive (the jobs' data
+                // slices are not read any more).
+                unsafe { ptr::copy_nonoverlapping(j.tag.as_ptr(), m.digest, m.key.digest_len()) };
+            }
+        }
+    } else if let Some(mac_key) = mac_key {
+        // Chained decrypt requests (plain ones never take the lanes): the
+        // digests first, all together, then each request that matched.
+        let mut jobs = mac_jobs(mac_key);
+        let n = fill_mac_jobs(lanes, &mut jobs, |l| l.src);
+        mac_multi(&mut jobs[..n]);
+        let mut tags = [[0u8; MAX_MAC_LEN]; MAX_LANES];
+        for (t, j) in tags.iter_mut().zip(&jobs[..n]) {
+            *t = j.tag;
+        }
+        for (l, t) in lanes
+            .iter_mut()
+            .flatten()
+            .filter(|l| l.mac.is_some())
+            .zip(&tags[..n])
+        {
+            let (d, at) = (
+                l.digest_len(),
+                l.mac.as_ref().map_or(ptr::null_mut(), |m| m.digest),
+            );
+            // The expected digest, read once into a local copy.
+            let mut expected = [0u8; MAX_MAC_LEN];
+            // SAFETY: the hash result is mapped for d bytes (checked in
+            // `prepare`); no slice of it is alive.
+            unsafe { ptr::copy_nonoverlapping(at, expected.as_mut_ptr(), d) };
+            l.verified = mac_key.verify_tag(t, &expected[..d]);
+            if l.verified {
+                copy_outside_cipher(l);
+                let mut one = lane(l);
+                let _ = key
+                    .start(Direction::Decrypt, &one.iv)
+                    .process_inout(one.buf.reborrow());
+            }
+        }
+        zeroize::Zeroize::zeroize(&mut tags);
     }
-    // Lengths are whole blocks and there are at most MAX_LANES lanes.
-    let _ = cbc_encrypt_multi(key, &mut multi[..used]);
     for l in lanes.iter().flatten() {
+        let s = if l.verified { Status::Ok } else { Status::Err };
         // SAFETY: the status pointer is the mapped last writable byte of
         // this request's chain, outside its dst bytes; the lanes' slices
         // are gone (a status byte inside another request's buffers only
         // changes that request's output bytes).
-        unsafe { ptr::write_volatile(l.status, Status::Ok as u8) };
+        unsafe { ptr::write_volatile(l.status, s as u8) };
     }
 }
 
-/// The multi-buffer lane of one request: its dst, and its src unless the
-/// request is in place.
+// Every lane of a group can be chained.
+const _: () = assert!(algorithms::MAX_MAC_LANES >= MAX_LANES);
+
+/// MAC jobs for up to [`MAX_LANES`] lanes under `key`, empty.
+fn mac_jobs(key: &MacKey) -> [MacJob<'_>; MAX_LANES] {
+    std::array::from_fn(|_| MacJob {
+        key,
+        data: &[],
+        tag: [0; MAX_MAC_LEN],
+    })
+}
+
+/// Fills the first jobs with the MAC of each chained lane over its hash
+/// range of the buffer `base` picks (src or dst), in lane order; returns
+/// how many.
+fn fill_mac_jobs<'a>(
+    lanes: &'a [Option<LaneReq<'_>>],
+    jobs: &mut [MacJob<'a>; MAX_LANES],
+    base: impl Fn(&LaneReq<'_>) -> *const u8,
+) -> usize {
+    let mut n = 0;
+    let chained = lanes.iter().flatten().filter_map(|l| Some((l, l.mac.as_ref()?)));
+    for (j, (l, m)) in jobs.iter_mut().zip(chained) {
+        // SAFETY: the hash range lies inside src and dst (checked by
+        // `check_alg_chain`), both mapped while the memory guard is held;
+        // no mutable slice of them is alive while the jobs run. The guest
+        // may change them concurrently, which only changes its own digest.
+        let data = unsafe { std::slice::from_raw_parts(base(l).add(m.hash_off), m.hash_len) };
+        *j = MacJob {
+            key: m.key,
+            data,
+            tag: [0; MAX_MAC_LEN],
+        };
+        n += 1;
+    }
+    n
+}
+
+/// Copies src to dst outside the cipher range (nothing when in place).
+fn copy_outside_cipher(l: &LaneReq<'_>) {
+    if ptr::eq(l.src, l.dst) {
+        return;
+    }
+    let end = l.cipher_off + l.cipher_len;
+    // SAFETY: src and dst are mapped for len bytes each and do not overlap
+    // (checked in `prepare`); no slice of them is alive.
+    unsafe {
+        ptr::copy_nonoverlapping(l.src, l.dst, l.cipher_off);
+        ptr::copy_nonoverlapping(l.src.add(end), l.dst.add(end), l.len - end);
+    }
+}
+
+/// The multi-buffer lane of one request's cipher range: in dst, from src
+/// unless the request is in place.
 fn lane<'a>(l: &'a LaneReq<'_>) -> Lane<'a> {
-    let buf = if std::ptr::eq(l.src, l.dst) {
+    // (Offsets inside len, checked by `check_alg_chain`.)
+    let (src, dst) = (l.src.wrapping_add(l.cipher_off), l.dst.wrapping_add(l.cipher_off));
+    let buf = if std::ptr::eq(src, dst) {
         // SAFETY: dst is mapped for len bytes of device-writable guest
         // memory that the batch's memory guard keeps mapped, and no other
         // Rust reference to it exists while the lane runs: the lanes run
         // side by side only when none overlaps another where one writes
         // (`lanes_overlap`). The guest may write it concurrently, which
         // can only change its own output bytes.
-        InOutBuf::from(unsafe { std::slice::from_raw_parts_mut(l.dst, l.len) })
+        InOutBuf::from(unsafe { std::slice::from_raw_parts_mut(dst, l.cipher_len) })
     } else {
         // SAFETY: as above; src is mapped for len bytes and does not
         // overlap dst (checked in `prepare`).
         let (i, o) = unsafe {
             (
-                std::slice::from_raw_parts(l.src, l.len),
-                std::slice::from_raw_parts_mut(l.dst, l.len),
+                std::slice::from_raw_parts(src, l.cipher_len),
+                std::slice::from_raw_parts_mut(dst, l.cipher_len),
             )
         };
         // Same lengths by construction.
@@ -134,25 +300,33 @@ fn lane<'a>(l: &'a LaneReq<'_>) -> Lane<'a> {
     Lane { iv: l.iv, buf }
 }
 
-/// Whether two of the lanes overlap where one of them writes: a dst with
-/// the other's dst or src (srcs are only read, and may be shared).
+/// Whether two of the lanes overlap where one of them writes: a dst or
+/// hash result with the other's src, dst or hash result (srcs are only
+/// read, and may be shared).
 fn lanes_overlap(lanes: &[Option<LaneReq<'_>>]) -> bool {
-    let mut dst = [(0usize, 0usize); MAX_LANES];
+    // Per lane: src (read), dst and hash result (written); an empty range
+    // for a plain request's hash result.
     let mut src = [(0usize, 0usize); MAX_LANES];
+    let mut dst = [(0usize, 0usize); MAX_LANES];
+    let mut digest = [(0usize, 0usize); MAX_LANES];
     let mut n = 0;
-    // The usual case first: each lane's buffers (from its lower start to
-    // its higher end) lie after the previous lane's, as a driver that
+    // The usual case first: each lane's buffers (from its lowest start to
+    // its highest end) lie after the previous lane's, as a driver that
     // fills its buffers in ring order lays them out; then no two lanes can
     // meet, at one compare per lane.
     let mut ascending = true;
     let mut prev_end = 0usize;
+    let span = |p: usize, len: usize| (p, p.saturating_add(len));
     for l in lanes.iter().flatten().take(MAX_LANES) {
-        let d = (l.dst as usize, (l.dst as usize).saturating_add(l.len));
-        let s = (l.src as usize, (l.src as usize).saturating_add(l.len));
-        ascending &= prev_end <= d.0.min(s.0);
-        prev_end = d.1.max(s.1);
-        dst[n] = d;
-        src[n] = s;
+        let s = span(l.src as usize, l.len);
+        let d = span(l.dst as usize, l.len);
+        let g = l
+            .mac
+            .as_ref()
+            .map_or((d.1, d.1), |m| span(m.digest as usize, m.key.digest_len()));
+        ascending &= prev_end <= s.0.min(d.0).min(g.0);
+        prev_end = s.1.max(d.1).max(g.1);
+        (src[n], dst[n], digest[n]) = (s, d, g);
         n += 1;
     }
     if ascending {
@@ -163,7 +337,10 @@ fn lanes_overlap(lanes: &[Option<LaneReq<'_>>]) -> bool {
     for i in 0..n {
         for j in i + 1..n {
             // (`|` rather than `||`: no branch per check.)
-            hit |= meet(dst[i], dst[j]) | meet(dst[i], src[j]) | meet(src[i], dst[j]);
+            for (a, b) in [(i, j), (j, i)] {
+                hit |= meet(dst[a], dst[b]) | meet(dst[a], src[b]) | meet(digest[a], src[b]);
+                hit |= meet(digest[a], dst[b]) | meet(digest[a], digest[b]);
+            }
         }
     }
     hit
@@ -208,11 +385,16 @@ mod tests {
             .map(|&(s, d)| {
                 Some(LaneReq {
                     key,
+                    direction: Direction::Encrypt,
                     iv: [0; 16],
                     src: s as *const u8,
                     dst: d as *mut u8,
                     len: 64,
+                    cipher_off: 0,
+                    cipher_len: 64,
+                    mac: None,
                     status: (d + 4096) as *mut u8,
+                    verified: false,
                 })
             })
             .collect()

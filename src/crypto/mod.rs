@@ -18,8 +18,9 @@
 //! descriptor chain into those streams. [`prepare`] validates the request
 //! against the bytes actually present ([`mod@validate`]) and runs the cipher
 //! directly on the mapped guest memory ([`cipher`], [`alg_chain`]), or
-//! hands a valid encrypt request back as a [`LaneReq`] for [`run_lanes`]
-//! to encrypt together with others of the same key ([`lanes`]).
+//! hands a valid request back as a [`LaneReq`] for [`run_lanes`] to run
+//! together with others of the same session ([`lanes`]): encrypt
+//! requests, plain or chained, and chained decrypt requests.
 //!
 //! Status policy (`docs/PROTOCOL.md` §6): the first failing check decides,
 //! in this order — header readable (else ERR if a status byte exists, else
@@ -43,6 +44,7 @@ use alg_chain::run_alg_chain;
 use cipher::run_cipher;
 use validate::validate;
 
+use lanes::LaneMac;
 pub use lanes::{prefetch_read, prefetch_write, run_lanes, LaneReq};
 
 /// Outcome of one request: what to put on the used ring.
@@ -75,14 +77,14 @@ pub struct RequestLimits {
 pub enum Prepared<'s> {
     /// Completed (status written): an error, or a request run on its own.
     Done(Completion),
-    /// A valid encrypt request to batch with others of the same key.
+    /// A valid request to run with others of the same session.
     Lane(LaneReq<'s>),
 }
 
 /// Validates the request whose chain `w` has just walked. Errors and
 /// requests that cannot be batched are executed and completed here; with
-/// `allow_lane`, a valid encrypt request whose buffers are contiguous is
-/// returned as a [`LaneReq`] instead.
+/// `allow_lane`, a valid request that can take the lanes ([`lanes`]) and
+/// whose buffers are contiguous is returned as a [`LaneReq`] instead.
 pub fn prepare<'s>(
     w: &ChainWalker,
     sessions: &'s Sessions,
@@ -94,24 +96,51 @@ pub fn prepare<'s>(
         Err(status) => return Prepared::Done(complete(w, status, 0, 0)),
     };
     let src_off = OP_DATA_REQ_SIZE + AES_CBC_IV_LEN as usize;
-    if let Some(alg_chain) = &v.alg_chain {
-        return Prepared::Done(run_alg_chain(w, &v, alg_chain));
-    }
-    if allow_lane && v.direction == Direction::Encrypt {
+    // Lanes: encrypt requests, plain or chained, and chained decrypt
+    // requests (their digests are computed together), whose src, dst and
+    // hash result each lie in one mapped piece.
+    if allow_lane && v.len > 0 && (v.direction == Direction::Encrypt || v.alg_chain.is_some()) {
+        let digest_len = v.alg_chain.as_ref().map_or(0, |c| c.digest_len);
         let (sp, sl) = v.src.chunk();
         let (dp, dl) = Cursor::start(&w.writable).chunk();
+        let (gp, gl) = match v.alg_chain {
+            Some(_) => Cursor::new(&w.writable, v.len).chunk(),
+            None => (ptr::null_mut(), 0),
+        };
         let disjoint = (sp as usize).saturating_add(v.len) <= dp as usize
             || (dp as usize).saturating_add(v.len) <= sp as usize;
-        if let (true, Some(status)) = (sl >= v.len && dl >= v.len && (sp == dp || disjoint), w.status) {
+        let contiguous = sl >= v.len && dl >= v.len && gl >= digest_len;
+        if let (true, Some(status)) = (contiguous && (sp == dp || disjoint), w.status) {
+            let (cipher_off, cipher_len, mac) = match &v.alg_chain {
+                Some(c) => (
+                    c.cipher_off,
+                    c.cipher_len,
+                    Some(LaneMac {
+                        key: c.mac,
+                        digest: gp,
+                        hash_off: c.hash_off,
+                        hash_len: c.hash_len,
+                    }),
+                ),
+                None => (0, v.len, None),
+            };
             return Prepared::Lane(LaneReq {
                 key: v.key,
+                direction: v.direction,
                 iv: v.iv,
                 src: sp,
                 dst: dp,
                 len: v.len,
+                cipher_off,
+                cipher_len,
+                mac,
                 status,
+                verified: false,
             });
         }
+    }
+    if let Some(alg_chain) = &v.alg_chain {
+        return Prepared::Done(run_alg_chain(w, &v, alg_chain));
     }
     let mut stream = v.key.start(v.direction, &v.iv);
     run_cipher(&mut stream, &w.readable, src_off, &w.writable, 0, v.len);

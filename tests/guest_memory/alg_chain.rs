@@ -465,3 +465,146 @@ fn chained_requests_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
     let dst = expected_dst(true, &NIST_KEY, &src, &p);
     assert_alg_chain_ok(&vm, vm.used(23), &dst, &hmac(Mac::Sha256, &auth, &dst));
 }
+
+/// One chained request of a batch, staged at its own 64 KiB: header at
+/// +0, IV at +0x100, src at +0x1000, dst at +0x3000 (or src, in place),
+/// the hash result right after dst (or apart, at +0x5000, in its own
+/// descriptor either way), status at +0x6000.
+struct Staged {
+    base: u64,
+    dst_addr: u64,
+    digest_addr: u64,
+    dst: Vec<u8>,
+    digest: Vec<u8>,
+    /// Decrypt with a forged digest: ERR, dst untouched.
+    forged: bool,
+}
+
+/// Batches of chained requests, as DPDK's guest driver sends them in
+/// bursts: in place or not, random cipher and hash ranges, truncated
+/// digests, some forged digests on decrypt, hash results right after dst
+/// (the multi-buffer lanes take those) or apart (one at a time), two
+/// sessions interleaved in some batches. Every output equals OpenSSL's,
+/// and nothing outside dst, the hash result and the status is written.
+#[test]
+fn batches_of_chained_requests_match_openssl() {
+    let mut vm = Vm::new();
+    let mut rng = Rng::new(7);
+    for round in 0..40 {
+        let encrypt = round % 2 == 0;
+        let mac = if round % 4 < 2 { Mac::Sha1 } else { Mac::Sha256 };
+        let full = if mac == Mac::Sha1 { 20 } else { 32 };
+        let sessions: Vec<_> = (0..1 + round % 3 / 2)
+            .map(|_| {
+                let key_len = [16, 24, 32][rng.range(0, 2) as usize];
+                let key = rng.bytes(key_len);
+                let auth_len = rng.range(0, 100) as usize;
+                let auth = rng.bytes(auth_len);
+                let digest = if rng.range(0, 1) == 0 {
+                    12
+                } else {
+                    rng.range(1, full) as u32
+                };
+                let sid = alg_chain_session(&mut vm, encrypt, &key, mac, &auth, digest);
+                (sid, key, auth, digest)
+            })
+            .collect();
+        let count = rng.range(1, 40) as usize;
+        let mut staged = Vec::new();
+        for k in 0..count {
+            let (sid, key, auth, digest) = &sessions[(k / 3) % sessions.len()];
+            let base = 0x100_0000 + k as u64 * 0x10000;
+            let len = rng.range(1, 4000) as usize;
+            let c_len = (rng.range(0, len as u64) as usize) & !15;
+            let c_off = rng.range(0, (len - c_len) as u64) as usize;
+            let h_off = rng.range(0, len as u64) as usize;
+            let h_len = rng.range(0, (len - h_off) as u64) as usize;
+            let p = para(
+                (c_off as u32, c_len as u32),
+                (h_off as u32, h_len as u32),
+                *digest,
+            );
+            let src = rng.bytes(len);
+            let dst = expected_dst(encrypt, key, &src, &p);
+            let hashed = if encrypt { &dst } else { &src };
+            let tag = hmac(mac, auth, &hashed[h_off..h_off + h_len])[..*digest as usize].to_vec();
+            let in_place = rng.range(0, 1) == 0;
+            let dst_addr = base + if in_place { 0x1000 } else { 0x3000 };
+            let digest_addr = if rng.range(0, 4) == 0 {
+                base + 0x5000
+            } else {
+                dst_addr + len as u64
+            };
+            let forged = !encrypt && rng.range(0, 3) == 0;
+            let mut digest_in = if encrypt { Vec::new() } else { tag.clone() };
+            if forged {
+                digest_in[0] ^= 1;
+            }
+            let op = if encrypt { ENCRYPT } else { DECRYPT };
+            vm.write(base, &header(op, *sid, len as u32, p));
+            vm.write(base + 0x100, &NIST_IV);
+            vm.fill(base + 0x1000, 0xF000, CANARY);
+            vm.write(base + 0x1000, &src);
+            vm.write(digest_addr, &digest_in);
+            let bufs = [
+                r(base, 72),
+                r(base + 0x100, 16),
+                r(base + 0x1000, len as u32),
+                w(dst_addr, len as u32),
+                w(digest_addr, *digest),
+                w(base + 0x6000, 1),
+            ];
+            let head = if k % 2 == 0 {
+                vm.chain(&bufs)
+            } else {
+                vm.indirect(&bufs)
+            };
+            vm.push(head);
+            let (dst, digest) = if forged { (src, digest_in) } else { (dst, tag) };
+            staged.push(Staged {
+                base,
+                dst_addr,
+                digest_addr,
+                dst,
+                digest,
+                forged,
+            });
+        }
+        let used = vm.run_batch();
+        for (k, (s, u)) in staged.iter().zip(&used).enumerate() {
+            let ctx = format!("round {round}, request {k}");
+            let len = s.dst.len();
+            if s.forged {
+                assert_eq!(
+                    (vm.byte(s.base + 0x6000), u.len),
+                    (ERR, 1),
+                    "{ctx}: forged digest"
+                );
+            } else {
+                assert_eq!(
+                    (vm.byte(s.base + 0x6000), u.len),
+                    (OK, (len + s.digest.len() + 1) as u32),
+                    "{ctx}"
+                );
+            }
+            // In place, or forged: dst (src) holds the expected bytes; out of
+            // place and forged, dst is untouched.
+            if !s.forged || s.dst_addr == s.base + 0x1000 {
+                assert_eq!(vm.read(s.dst_addr, len), s.dst, "{ctx}: dst");
+            } else {
+                vm.assert_canary(s.dst_addr, len);
+            }
+            assert_eq!(
+                vm.read(s.digest_addr, s.digest.len()),
+                s.digest,
+                "{ctx}: hash result"
+            );
+            let after = s.digest_addr + s.digest.len() as u64;
+            vm.assert_canary(after, (s.base + 0x6000 - after) as usize);
+            vm.assert_canary(s.base + 0x6001, 0x10000 - 0x6001);
+        }
+        for (sid, ..) in &sessions {
+            assert!(vm.reg.close(*sid));
+        }
+    }
+}
