@@ -256,6 +256,15 @@ impl MacKey {
         self.digest_len
     }
 
+    /// Whether a full-length `tag` (from [`mac_multi`]), truncated to the
+    /// session's digest length, equals `expected`, in constant time (for a
+    /// given length). False when `expected` is not exactly `digest_len`
+    /// bytes long.
+    pub fn verify_tag(&self, tag: &[u8; MAX_MAC_LEN], expected: &[u8]) -> bool {
+        let n = self.digest_len;
+        expected.len() == n && bool::from(tag[..n].ct_eq(expected))
+    }
+
     /// Starts a MAC computation (copies the two key states; no allocation).
     pub fn start(&self) -> MacStream {
         MacStream {
