@@ -12,10 +12,26 @@
 #            cargo bench --bench engines -- encrypt-single-stream-x8
 #            (8 messages per iteration, each through key.start + process_in_place)
 #
-# Algorithm chaining: ours-hmac and dpdk-hmac run AES-128-CBC +
-# HMAC-SHA1 (12-byte digest) encrypt requests of 256 and 1500 bytes (the
-# cipher from byte size % 16, the MAC over all of it), in place as DPDK's
-# guest driver sends them, at depths 32 and 256, with the same commands.
+# Cells (system names in compare.json; each has an ours- and a dpdk- form):
+#   ours, dpdk        AES-128-CBC encrypt (the sizes and depths below)
+#   ours-dec          AES-128-CBC decrypt, sizes <= 2048 of the encrypt
+#                     cells (--quick: 256 1024 2048), depths 1 32 256
+#                     (--quick: 32 256)
+#   ours-hmac         AES-128-CBC + HMAC-SHA1 (12-byte digest) encrypt,
+#                     CIPHER_THEN_HASH
+#   ours-hmac-dec     AES-128-CBC + HMAC-SHA1 (12-byte digest) verify then
+#                     decrypt, HASH_THEN_CIPHER; every request carries the
+#                     right digest of its ciphertext, so every one completes OK
+#   ours-hmac256      AES-128-CBC + HMAC-SHA-256 (16-byte digest) encrypt,
+#                     CIPHER_THEN_HASH (DPDK 22.11's vhost crypto library maps
+#                     VIRTIO_CRYPTO_MAC_HMAC_SHA_256 to RTE_CRYPTO_AUTH_SHA256_HMAC,
+#                     lib/vhost/vhost_crypto.c, and crypto_aesni_mb runs it)
+# The chained cells run requests of 256 and 1500 bytes (the cipher from
+# byte size % 16, the MAC over all of it), in place as DPDK's guest driver
+# sends them, at depths 32 and 256. Every trace is one `generate` line of
+# the replay tool, whose expected outputs, digests and decrypt inputs come
+# from its reference cipher and RustCrypto's hmac/sha1/sha2; every result
+# of both backends is checked against them (a run with mismatches fails).
 #
 # Sizes 64 256 1024 2048 4096 16384, queue depths 1 32 256 (--quick: sizes
 # 256 2048 16384, depths 1 32 256, shorter runs). Backend CPU seconds are
@@ -40,7 +56,10 @@
 # --placement any runs once, as it comes, and only records.
 #
 # Usage: tools/bench/compare.sh [--quick] [--reps R] [--out DIR] [--no-dpdk] [--no-build]
-#                               [--placement near|any]
+#                               [--placement near|any] [--cells LIST]
+# --cells LIST (default enc,dec,hmac,hmac-dec,hmac256) runs only these
+# groups of cells, e.g. --cells dec,hmac-dec for a quick check; the raw
+# openssl and algos columns run with enc only.
 # --reps R (default 1) repeats the ours and DPDK blocks R times, alternating
 # (ours, DPDK, ours, DPDK, ...), and reports the run with the median ops/s
 # per cell; every run is kept in compare.json.
@@ -58,6 +77,7 @@ DPDK=1
 BUILD=1
 REPS=1
 PLACEMENT=near
+CELLS=enc,dec,hmac,hmac-dec,hmac256
 need_value() { [ $# -ge 2 ] || { echo "compare.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -66,6 +86,7 @@ while [ $# -gt 0 ]; do
         --no-dpdk) DPDK=0 ;;
         --no-build) BUILD=0 ;;
         --reps) need_value "$@"; REPS=$2; shift ;;
+        --cells) need_value "$@"; CELLS=$2; shift ;;
         --placement)
             need_value "$@"
             case "$2" in near|any) PLACEMENT=$2 ;; *) echo "compare.sh: --placement near|any" >&2; exit 2 ;; esac
@@ -76,6 +97,10 @@ while [ $# -gt 0 ]; do
     shift
 done
 case "$OUT" in /*) ;; *) OUT=$ROOT/$OUT ;; esac
+for c in ${CELLS//,/ }; do
+    case "$c" in enc|dec|hmac|hmac-dec|hmac256) ;; *) echo "compare.sh: --cells: unknown cell group $c" >&2; exit 2 ;; esac
+done
+want_cells() { [[ ",$CELLS," == *",$1,"* ]]; }
 
 BACKEND_CPU=1
 REPLAY_CPU=0
@@ -83,12 +108,16 @@ KEY=2b7e151628aed2a6abf7158809cf4f3c
 if [ "$QUICK" = 1 ]; then
     SIZES=(256 2048 16384)
     DEPTHS=(1 32 256)   # 32: the 16 KiB target's depth
+    DEC_SIZES=(256 1024 2048)
+    DEC_DEPTHS=(32 256)
     SCALE=8          # divide request counts by this
     RAW_SECONDS=1
     CRIT_SECONDS=0.5
 else
     SIZES=(64 256 1024 2048 4096 16384)
     DEPTHS=(1 32 256)
+    DEC_SIZES=(64 256 1024 2048)
+    DEC_DEPTHS=(1 32 256)
     SCALE=1
     RAW_SECONDS=2
     CRIT_SECONDS=1.5
@@ -140,11 +169,12 @@ log() { printf '== %s\n' "$*" >&2; }
 # (DPDK's runs take up to twice as long): until 2026-12-01 they were
 # 1.6-15x smaller, 0.014-0.2 s, and a run that short still carries its
 # start (ours was about 4 % faster over 0.4 s than over 0.04 s at 256 B
-# depth 256; DPDK unchanged). The chained cells keep their counts: ring's
-# SHA-1 makes ours-hmac's runs 0.6-1.5 s already (DPDK's take 0.12-0.21 s).
+# depth 256; DPDK unchanged). Decrypt cells take the encrypt cells' counts.
+# The chained cells (-hmac, -hmac-dec, -hmac256) keep theirs: ring's SHA-1
+# makes ours-hmac's runs 0.6-1.5 s already (DPDK's take 0.12-0.21 s).
 requests_for() { # system size depth
     local n
-    if [ "${1%-hmac}" != "$1" ]; then
+    if [[ $1 == *-hmac* ]]; then
         case "$2" in 256) n=600000 ;; *) n=300000 ;; esac
     elif [ "$3" = 1 ]; then
         case "$2" in 64) n=600000 ;; 256) n=500000 ;; 1024) n=200000 ;; 2048) n=120000 ;; 4096) n=60000 ;; *) n=16000 ;; esac
@@ -156,24 +186,38 @@ requests_for() { # system size depth
 chunk_for() { # size
     case "$1" in 64|256) echo 20000 ;; 1024|1500) echo 8000 ;; 2048) echo 4000 ;; 4096) echo 2000 ;; *) echo 1000 ;; esac
 }
-trace_for() { # size -> path (one generate line, AES-128-CBC encrypt)
-    local f=$TMP/aes128-cbc-$1.jsonl
+trace_for() { # size [encrypt|decrypt] -> path (one generate line, AES-128-CBC)
+    local dir=${2:-encrypt} f
+    f=$TMP/aes128-cbc-$dir-$1.jsonl
     if [ ! -f "$f" ]; then
-        printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"encrypt"}\n' "$KEY" >"$f"
-        printf '{"op":"generate","session":"s1","opcode":"encrypt","size":%d,"count":%d,"seed":%d}\n' \
-            "$1" "$(chunk_for "$1")" "$1" >>"$f"
+        printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"%s"}\n' "$KEY" "$dir" >"$f"
+        printf '{"op":"generate","session":"s1","opcode":"%s","size":%d,"count":%d,"seed":%d}\n' \
+            "$dir" "$1" "$(chunk_for "$1")" "$1" >>"$f"
     fi
     echo "$f"
 }
-chain_trace_for() { # size -> path (AES-128-CBC + HMAC-SHA1-96 encrypt, in place)
-    local f=$TMP/aes128-cbc-hmac-sha1-$1.jsonl
+# AES-128-CBC + HMAC, in place. The chain order is the replay tool's
+# default for the direction: CIPHER_THEN_HASH for encrypt (the MAC of the
+# ciphertext comes back), HASH_THEN_CIPHER for decrypt (each request
+# carries the MAC of its ciphertext, the tool's reference values).
+chain_trace_for() { # size direction mac digest_len -> path
+    local f=$TMP/aes128-cbc-$3-$4-$2-$1.jsonl
     if [ ! -f "$f" ]; then
-        printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"encrypt","mac":"hmac-sha1","auth_key":"%s","digest_len":12}\n' \
-            "$KEY" "$AUTH_KEY" >"$f"
-        printf '{"op":"generate","session":"s1","opcode":"encrypt","size":%d,"count":%d,"seed":%d,"in_place":true}\n' \
-            "$1" "$(chunk_for "$1")" "$1" >>"$f"
+        printf '{"op":"create_session","name":"s1","algo":"aes-cbc","key":"%s","direction":"%s","mac":"%s","auth_key":"%s","digest_len":%d}\n' \
+            "$KEY" "$2" "$3" "$AUTH_KEY" "$4" >"$f"
+        printf '{"op":"generate","session":"s1","opcode":"%s","size":%d,"count":%d,"seed":%d,"in_place":true}\n' \
+            "$2" "$1" "$(chunk_for "$1")" "$1" >>"$f"
     fi
     echo "$f"
+}
+cell_trace() { # system size -> path
+    case "$1" in
+        *-hmac) chain_trace_for "$2" encrypt hmac-sha1 12 ;;
+        *-hmac-dec) chain_trace_for "$2" decrypt hmac-sha1 12 ;;
+        *-hmac256) chain_trace_for "$2" encrypt hmac-sha256 16 ;;
+        *-dec) trace_for "$2" decrypt ;;
+        *) trace_for "$2" encrypt ;;
+    esac
 }
 # utime+stime of a process (0 once it is gone: its replay run then fails
 # and is recorded as failed, instead of set -e ending the whole comparison).
@@ -207,12 +251,10 @@ replay_run() {
     chunk=$(chunk_for "$size")
     [ "$want" -ge "$chunk" ] || chunk=$want
     repeat=$(( (want + chunk - 1) / chunk ))
-    local tf=trace_for
-    case "$sys" in *-hmac) tf=chain_trace_for ;; esac
-    trace=$($tf "$size")
+    trace=$(cell_trace "$sys" "$size")
     if [ "$chunk" != "$(chunk_for "$size")" ]; then
         trace=$TMP/$sys-$size-$chunk.jsonl
-        sed "s/\"count\":[0-9]*/\"count\":$chunk/" "$($tf "$size")" >"$trace"
+        sed "s/\"count\":[0-9]*/\"count\":$chunk/" "$(cell_trace "$sys" "$size")" >"$trace"
     fi
     local attempt=0 before after waited
     while :; do
@@ -257,6 +299,34 @@ replay_run() {
             --argjson before "$before" --argjson after "$after" --argjson attempts "$attempt" \
             '{system:$sys,size:$size,depth:$depth,rep:$rep,error:$e,xcpu_rtt_ns:[$before,$after],attempts:$attempts}' >>"$TMP/results.jsonl"
     fi
+}
+
+# Every cell of --cells for one backend: ours|dpdk sock pid [replay args]
+run_cells() {
+    local b=$1 sock=$2 pid=$3 size depth g; shift 3
+    if want_cells enc; then
+        for size in "${SIZES[@]}"; do
+            { [ "$b" = ours ] || [ "$size" -le "$DPDK_MAX" ]; } || continue
+            for depth in "${DEPTHS[@]}"; do
+                replay_run "$b" "$size" "$depth" "$sock" "$pid" "$@"
+            done
+        done
+    fi
+    if want_cells dec; then
+        for size in "${DEC_SIZES[@]}"; do
+            for depth in "${DEC_DEPTHS[@]}"; do
+                replay_run "$b-dec" "$size" "$depth" "$sock" "$pid" "$@"
+            done
+        done
+    fi
+    for g in hmac hmac-dec hmac256; do
+        want_cells "$g" || continue
+        for size in "${CHAIN_SIZES[@]}"; do
+            for depth in "${CHAIN_DEPTHS[@]}"; do
+                replay_run "$b-$g" "$size" "$depth" "$sock" "$pid" "$@"
+            done
+        done
+    done
 }
 
 # Commands this script runs besides cargo and the Debian packages that
@@ -312,16 +382,7 @@ for REP in $(seq "$REPS"); do
     DAEMON_PID=$!
     for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
     [ -S "$SOCK" ] || { cat "$TMP/daemon.log" >&2; echo "compare.sh: daemon did not start" >&2; exit 1; }
-    for size in "${SIZES[@]}"; do
-        for depth in "${DEPTHS[@]}"; do
-            replay_run ours "$size" "$depth" "$SOCK" "$DAEMON_PID"
-        done
-    done
-    for size in "${CHAIN_SIZES[@]}"; do
-        for depth in "${CHAIN_DEPTHS[@]}"; do
-            replay_run ours-hmac "$size" "$depth" "$SOCK" "$DAEMON_PID"
-        done
-    done
+    run_cells ours "$SOCK" "$DAEMON_PID"
     kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
     DAEMON_PID=""
 
@@ -331,17 +392,7 @@ for REP in $(seq "$REPS"); do
         DPDK_STARTED=1
         if bash "$DPDK_SH" run "$DSOCK"; then
             DPID=$(cat "$ROOT/target/dpdk-vhost-crypto/vhost-crypto.pid")
-            for size in "${SIZES[@]}"; do
-                [ "$size" -le "$DPDK_MAX" ] || continue
-                for depth in "${DEPTHS[@]}"; do
-                    replay_run dpdk "$size" "$depth" "$DSOCK" "$DPID" --dpdk
-                done
-            done
-            for size in "${CHAIN_SIZES[@]}"; do
-                for depth in "${CHAIN_DEPTHS[@]}"; do
-                    replay_run dpdk-hmac "$size" "$depth" "$DSOCK" "$DPID" --dpdk
-                done
-            done
+            run_cells dpdk "$DSOCK" "$DPID" --dpdk
         else
             log "DPDK vhost_crypto did not start: dpdk column will be n/a"
         fi
@@ -352,7 +403,9 @@ for REP in $(seq "$REPS"); do
 done
 
 # --- raw single-stream ciphers on CPU 1 -------------------------------------
-for size in "${SIZES[@]}"; do
+RAW_SIZES=()
+if want_cells enc; then RAW_SIZES=("${SIZES[@]}"); fi
+for size in "${RAW_SIZES[@]}"; do
     line=$(taskset -c "$BACKEND_CPU" openssl speed -evp aes-128-cbc -bytes "$size" -seconds "$RAW_SECONDS" 2>&1 |
         grep -m1 '^Doing' || true)
     # "Doing AES-128-CBC for 2s on 256 size blocks: 10795113 AES-128-CBC's in 1.99s"
@@ -368,7 +421,9 @@ done
 
 filter=$(IFS='|'; echo "${SIZES[*]}")
 CRIT=$ROOT/target/criterion/aes128-cbc/encrypt-single-stream-x8
-if taskset -c "$BACKEND_CPU" cargo bench --bench engines -- \
+if ! want_cells enc; then
+    log "--cells without enc: no openssl and algos columns"
+elif taskset -c "$BACKEND_CPU" cargo bench --bench engines -- \
         "encrypt-single-stream-x8/($filter)\$" --warm-up-time 0.3 \
         --measurement-time "$CRIT_SECONDS" --noplot >"$TMP/criterion.log" 2>&1; then
     for size in "${SIZES[@]}"; do
@@ -399,7 +454,8 @@ python3 "$ROOT/tools/bench/compare_report.py" \
         --arg ipsecmb "$(dpkg-query -W -f '${Version}' libipsec-mb1 2>/dev/null || echo unknown)" \
         --argjson secs "$((END - START))" --arg date "$(date -u +%FT%TZ)" \
         --arg placement "$PLACEMENT" --argjson near "$NEAR_MIN_NS" --argjson far "$FAR_NS" --argjson wait "$PLACEMENT_WAIT" --argjson tries "$PLACEMENT_TRIES" \
-        --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,placement:$placement,near_min_rtt_ns:$near,far_rtt_ns:$far,placement_wait_s:$wait,placement_tries:$tries,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
+        --arg cells "$CELLS" \
+        --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,cells:$cells,placement:$placement,near_min_rtt_ns:$near,far_rtt_ns:$far,placement_wait_s:$wait,placement_tries:$tries,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
           host:$host,cpu:$cpu,ipsec_mb:$ipsecmb,wall_s:$secs,date:$date,
           ours:"taskset -c 1 vhost-user-crypto --socket-path SOCK; taskset -c 0 vhost-crypto-replay --socket SOCK --json --queue-size 1024 --queue-depth D --repeat K TRACE",
           dpdk:"tools/bench/dpdk-vhost-crypto.sh run SOCK (CPU 1); taskset -c 0 vhost-crypto-replay --socket SOCK --dpdk --json --queue-size 1024 --queue-depth D --repeat K TRACE",

@@ -18,6 +18,57 @@ SYSTEMS = [
 ]
 
 
+# The cells besides plain encrypt (compare.sh --cells): key in compare.json,
+# system suffix (ours-SUFFIX, dpdk-SUFFIX), table title.
+CELLS = [
+    ("decrypt", "dec", "ours-dec / dpdk-dec: AES-128-CBC decrypt"),
+    ("chaining", "hmac", "ours-hmac / dpdk-hmac: AES-128-CBC + HMAC-SHA1 (12-byte digest) encrypt, chained, in place"),
+    (
+        "chaining_decrypt",
+        "hmac-dec",
+        "ours-hmac-dec / dpdk-hmac-dec: HMAC-SHA1 (12-byte digest) verify, then AES-128-CBC decrypt, chained, in place",
+    ),
+    (
+        "chaining_sha256",
+        "hmac256",
+        "ours-hmac256 / dpdk-hmac256: AES-128-CBC + HMAC-SHA-256 (16-byte digest) encrypt, chained, in place",
+    ),
+]
+
+
+def cell_table(lines, rows, get, ours, dpdk, title):
+    """Appends the table of one group of cells (size, depth, ours and DPDK,
+    ratio ours/DPDK of ops/s) to lines; returns its rows."""
+    sizes = sorted({r["size"] for r in rows if r["system"] in (ours, dpdk)})
+    depths = sorted({r["depth"] for r in rows if r["system"] in (ours, dpdk)})
+    out = []
+    if not sizes:
+        return out
+    lines.append("")
+    lines.append(title + ":")
+    ch = (
+        f"{'size':>6} {'depth':>5} | {'ours ops/s':>10} {'MiB/s':>7} {'d-cpu':>5} {'p50us':>6} |"
+        f" {'DPDK ops/s':>10} {'MiB/s':>7} {'d-cpu':>5} {'p50us':>6} | {'ours/DPDK':>9}"
+    )
+    lines.append(ch)
+    lines.append("-" * len(ch))
+    v = lambda r, k: None if r is None else r.get(k)
+    for size in sizes:
+        for depth in depths:
+            o, d = get(ours, size, depth), get(dpdk, size, depth)
+            if o is None and d is None and not any(r["system"] in (ours, dpdk) and r["size"] == size and r["depth"] == depth for r in rows):
+                continue
+            rt = ratio(v(o, "ops_per_sec"), v(d, "ops_per_sec"))
+            out.append({"size": size, "depth": depth, "ours": o, "dpdk": d, "ours_over_dpdk": rt})
+            lines.append(
+                f"{size:>6} {depth:>5} | {fmt_ops(v(o, 'ops_per_sec')):>10} {fmt(v(o, 'mib_per_sec'), '.1f'):>7}"
+                f" {fmt(v(o, 'backend_cpu_s'), '.2f'):>5} {fmt(v(o, 'p50_us'), '.0f'):>6} |"
+                f" {fmt_ops(v(d, 'ops_per_sec')):>10} {fmt(v(d, 'mib_per_sec'), '.1f'):>7}"
+                f" {fmt(v(d, 'backend_cpu_s'), '.2f'):>5} {fmt(v(d, 'p50_us'), '.0f'):>6} | {fmt(rt, '.2f'):>9}"
+            )
+    return out
+
+
 def fmt_ops(v):
     if v is None:
         return "n/a"
@@ -85,8 +136,9 @@ def main():
         f" {'openssl':>8} {'MiB/s':>7} | {'algos':>8} {'MiB/s':>7} |"
         f" {'ours/DPDK':>9} {'ours/ossl':>9} {'ours/algos':>10}"
     )
-    lines.append(hdr)
-    lines.append("-" * len(hdr))
+    if sizes:
+        lines.append(hdr)
+        lines.append("-" * len(hdr))
     for size in sizes:
         for depth in depths:
             o, d = get("ours", size, depth), get("dpdk", size, depth)
@@ -162,32 +214,16 @@ def main():
     lines.append("")
     r256 = next((t for t in table if t["size"] == 256 and t["depth"] == 256), None)
     r16k = next((t for t in table if t["size"] == 16384 and t["depth"] == 32), None)
-    target("256 B depth 256 ours/DPDK", r256 and r256["ours_over_dpdk"], 2.0)
-    target("256 B depth 256 ours/openssl", r256 and r256["ours_over_openssl"], 1.0)
-    target("16 KiB depth 32 ours/openssl", r16k and r16k["ours_over_openssl"], 0.9)
-    target("16 KiB depth 32 ours/algos", r16k and r16k["ours_over_algos"], 0.9)
+    if sizes:  # (encrypt cells run: compare.sh --cells with enc)
+        target("256 B depth 256 ours/DPDK", r256 and r256["ours_over_dpdk"], 2.0)
+        target("256 B depth 256 ours/openssl", r256 and r256["ours_over_openssl"], 1.0)
+        target("16 KiB depth 32 ours/openssl", r16k and r16k["ours_over_openssl"], 0.9)
+        target("16 KiB depth 32 ours/algos", r16k and r16k["ours_over_algos"], 0.9)
 
-    # Algorithm chaining: AES-128-CBC + HMAC-SHA1-96 encrypt, in place.
-    chain = []
-    csizes = sorted({r["size"] for r in rows if r["system"] in ("ours-hmac", "dpdk-hmac")})
-    cdepths = sorted({r["depth"] for r in rows if r["system"] in ("ours-hmac", "dpdk-hmac")})
-    if csizes:
-        lines.append("")
-        lines.append("AES-128-CBC + HMAC-SHA1 (12-byte digest) encrypt, chained, in place:")
-        ch = f"{'size':>6} {'depth':>5} | {'ours ops/s':>10} {'MiB/s':>7} {'d-cpu':>5} | {'DPDK ops/s':>10} {'MiB/s':>7} {'d-cpu':>5} | {'ours/DPDK':>9}"
-        lines.append(ch)
-        lines.append("-" * len(ch))
-        for size in csizes:
-            for depth in cdepths:
-                o, d = get("ours-hmac", size, depth), get("dpdk-hmac", size, depth)
-                v = lambda r, k: None if r is None else r.get(k)
-                rt = ratio(v(o, "ops_per_sec"), v(d, "ops_per_sec"))
-                chain.append({"size": size, "depth": depth, "ours": o, "dpdk": d, "ours_over_dpdk": rt})
-                lines.append(
-                    f"{size:>6} {depth:>5} | {fmt_ops(v(o, 'ops_per_sec')):>10} {fmt(v(o, 'mib_per_sec'), '.1f'):>7}"
-                    f" {fmt(v(o, 'backend_cpu_s'), '.2f'):>5} | {fmt_ops(v(d, 'ops_per_sec')):>10}"
-                    f" {fmt(v(d, 'mib_per_sec'), '.1f'):>7} {fmt(v(d, 'backend_cpu_s'), '.2f'):>5} | {fmt(rt, '.2f'):>9}"
-                )
+    # The other cells: decrypt and algorithm chaining, ours and DPDK side by side.
+    cells = {}
+    for key, suffix, title in CELLS:
+        cells[key] = cell_table(lines, rows, get, f"ours-{suffix}", f"dpdk-{suffix}", title)
 
     text = "\n".join(lines) + "\n"
     print(text, end="")
@@ -195,7 +231,11 @@ def main():
     with open(os.path.join(a.out, "compare.txt"), "w") as f:
         f.write(text)
     with open(os.path.join(a.out, "compare.json"), "w") as f:
-        json.dump({"meta": meta, "results": rows, "table": table, "chaining": chain, "targets": targets}, f, indent=1)
+        json.dump(
+            {"meta": meta, "results": rows, "table": table, **cells, "targets": targets},
+            f,
+            indent=1,
+        )
         f.write("\n")
     with open(os.path.join(a.out, "compare.svg"), "w") as f:
         f.write(svg(rows, sizes, depths, meta, get))
@@ -218,7 +258,8 @@ def placement_summary(rows, meta):
     far = meta.get("far_rtt_ns", 200)
     near_min = meta.get("near_min_rtt_ns", 0)
     out = []
-    for system in ("ours", "dpdk", "ours-hmac", "dpdk-hmac"):
+    systems = ["ours", "dpdk"] + [f"{b}-{suffix}" for _, suffix, _ in CELLS for b in ("ours", "dpdk")]
+    for system in systems:
         runs = [r for r in rows if r["system"] == system and "error" not in r and "xcpu_rtt_ns" in r]
         if not runs:
             continue
@@ -230,7 +271,7 @@ def placement_summary(rows, meta):
         extra = sum(r.get("attempts", 1) - 1 for r in runs)
         med = f"{rtts[(len(rtts) - 1) // 2]:.0f} ns" if rtts else "n/a"
         out.append(
-            f"  {system:>9}: {len(runs)} runs kept, "
+            f"  {system:>13}: {len(runs)} runs kept, "
             + ", ".join(f"{n} {c}" for c, n in sorted(classes.items()))
             + f"; round trip median {med}; {extra} runs made again"
         )
