@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
-use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
+use vhost_crypto_replay::replay::{replay, replay_threads, ReplayOptions, Report};
 use vhost_crypto_replay::trace::Trace;
 use vhost_user_crypto::wire::session::SessionAbi;
 
@@ -76,6 +76,69 @@ fn known_answer_and_hostile_traces_in_every_layout() {
             }
         }
     }
+}
+
+#[test]
+fn one_thread_per_queue_checks_every_queue() {
+    let daemon = spawn_daemon(&["--queues", "4"]);
+    // NIST SP 800-38A F.2.5 (AES-256-CBC encrypt) block 1 pinned to queue
+    // 3, and F.2.1's (AES-128) first block with a wrong expected dst (its
+    // last byte changed) on queue 2: that one must be reported.
+    let t = Trace::parse(
+        r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4","direction":"encrypt"}
+{"op":"create_session","name":"d","algo":"aes-cbc","key":"603deb1015ca71be2b73aef0857d77811f352c073b6108d72d9810a30914dff4","direction":"decrypt"}
+{"op":"create_session","name":"h","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"decrypt","mac":"hmac-sha1","auth_key":"0b0b","digest_len":12}
+{"op":"create_session","name":"k","algo":"aes-cbc","key":"2b7e151628aed2a6abf7158809cf4f3c","direction":"encrypt"}
+{"op":"generate","session":"e","opcode":"encrypt","size":1024,"count":2000,"seed":5}
+{"op":"generate","session":"d","opcode":"decrypt","size":64,"count":2000,"seed":6}
+{"op":"generate","session":"h","opcode":"decrypt","size":1500,"count":400,"seed":7,"in_place":true}
+{"op":"request","session":"e","queue":3,"opcode":"encrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"6bc1bee22e409f96e93d7e117393172a","expect":{"status":"ok","dst":"f58c4c04d6e5f1ba779eabfb5f7bfbd6"}}
+{"op":"request","session":"k","queue":2,"opcode":"encrypt","iv":"000102030405060708090a0b0c0d0e0f","src":"6bc1bee22e409f96e93d7e117393172a","expect":{"status":"ok","dst":"7649abac8119b246cee98e9b12e9197e"}}
+"#
+        .as_bytes(),
+    )
+    .unwrap();
+    let cfg = FrontendConfig {
+        queues: 4,
+        queue_size: 256,
+        queue_depth: 32,
+        max_payload: t.max_payload(),
+        max_iv: 16,
+        memory_bytes: 0,
+        session_abi: SessionAbi::C,
+        desc_mode: DescMode::Indirect,
+        dpdk: false,
+    };
+    let mut fe = CryptoFrontend::connect(daemon.socket(), &cfg).unwrap();
+    let opts = ReplayOptions {
+        repeat: 2,
+        queue_depth: 32,
+        timeout: Duration::from_secs(10),
+        progress: false,
+        record: false,
+    };
+    let r = replay_threads(&mut fe, &t, &opts).unwrap();
+    assert_eq!(
+        (r.requests, r.mismatches),
+        (2 * 4402, 2),
+        "{:?}",
+        r.first_mismatches
+    );
+    assert_eq!(r.status_counts.get("ok"), Some(&(2 * 4402)));
+    assert!(
+        r.first_mismatches
+            .iter()
+            .all(|m| m.line == 9 && m.field.contains("dst")),
+        "{:?}",
+        r.first_mismatches
+    );
+    assert!(r.error.is_none());
+    // Each of the 4 threads creates the 4 sessions in each of the 2 passes.
+    assert_eq!(r.sessions_created, 2 * 4 * 4);
+    // The frontend has its queues back: a plain replay on it still works.
+    assert_eq!(fe.queues.len(), 4);
+    let r = replay(&mut fe, &t, &ReplayOptions { repeat: 1, ..opts }).unwrap();
+    assert_eq!((r.requests, r.mismatches), (4402, 1), "{:?}", r.first_mismatches);
 }
 
 #[test]

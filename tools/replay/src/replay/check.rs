@@ -139,8 +139,8 @@ impl<'a> Run<'a> {
         if let Some(b) = &self.bar {
             b.inc(1);
         }
-        let b = self.fe.queues[q].buf(u.slot);
-        let l = self.fe.queues[q].set_layout(b);
+        let b = self.queues[q].buf(u.slot);
+        let l = self.queues[q].set_layout(b);
         // The output is compared where the backend wrote it (no copy).
         let mem: &'a GuestMem = &self.mems[q];
         let dst = mem.view(if h.in_place() { l.src } else { l.dst }, h.len as usize);
@@ -348,7 +348,7 @@ impl<'a> Run<'a> {
             return;
         };
         let h = &p.hot[f.idx as usize];
-        let l = self.fe.queues[q].layout(u.slot);
+        let l = self.queues[q].layout(u.slot);
         let mem = &self.mems[q];
         mem.prefetch(if h.in_place() { l.src } else { l.dst }, h.len as usize);
         mem.prefetch_byte(l.status);

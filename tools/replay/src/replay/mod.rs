@@ -8,12 +8,14 @@
 //! `prepared.rs` lays a run of requests out for replaying, `run.rs` keeps
 //! requests in flight (submission, draining), `check.rs` checks each
 //! completion and owns the canaries and guards, `report.rs` the report
-//! and the comparison of two backends' outcomes.
+//! and the comparison of two backends' outcomes, `threads.rs` the
+//! replay with one thread per queue ([`replay_threads`]).
 
 mod check;
 mod prepared;
 mod report;
 mod run;
+mod threads;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -23,11 +25,13 @@ use vhost_user_crypto::wire::virtio_crypto::OP_DATA_REQ_SIZE;
 pub use check::{block_signature, DST_CANARY, GUARD_LEN, SRC_CHECK_ALL, SRC_CHECK_EVERY, STATUS_CANARY};
 pub(crate) use check::{put_status_area, status_and_guard};
 pub use report::{compare_outcomes, Comparison, Mismatch, Outcome, Report};
+pub use threads::replay_threads;
 
-use crate::frontend::{CryptoFrontend, Error};
+use crate::frontend::{CryptoFrontend, DriverQueue, Error};
 use crate::trace::{ExpectStatus, Step, Trace};
 use prepared::{prepare, Prepared};
 use run::{cpu_seconds, InFlight, Run};
+use threads::Ctl;
 
 /// Runs of at most this many requests (the trace's requests times
 /// `--repeat`: the known-answer and policy traces) have every request's
@@ -62,14 +66,33 @@ pub struct ReplayOptions {
 /// the trace do not fit the frontend (a mismatch is not an error: see
 /// [`Report`]).
 pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> Result<Report, Error> {
+    // The queues are handed to the run apart from the connection's
+    // session messages (and back to the frontend for a raw request).
+    let mut queues = std::mem::take(&mut fe.queues);
+    let cpu0 = cpu_seconds();
+    let out = replay_on(Ctl::Own(fe), &mut queues, trace, opts);
+    fe.queues = queues;
+    let Replayed {
+        report: mut r,
+        latencies,
+        ..
+    } = out?;
+    r.cpu_s = cpu_seconds() - cpu0;
+    set_percentiles(&mut r, latencies);
+    Ok(r)
+}
+
+/// [`replay`] on `queues`, with session messages through `ctl`.
+fn replay_on(
+    ctl: Ctl<'_>,
+    queues: &mut Vec<DriverQueue>,
+    trace: &Trace,
+    opts: &ReplayOptions,
+) -> Result<Replayed, Error> {
     let total = trace.requests() as u64 * u64::from(opts.repeat);
-    let slots: Vec<Vec<Option<InFlight>>> = fe
-        .queues
-        .iter()
-        .map(|q| vec![None; usize::from(q.size)])
-        .collect();
+    let slots: Vec<Vec<Option<InFlight>>> = queues.iter().map(|q| vec![None; usize::from(q.size)]).collect();
     let now = Instant::now();
-    let started = fe.queues.iter().map(|q| vec![now; usize::from(q.size)]).collect();
+    let started = queues.iter().map(|q| vec![now; usize::from(q.size)]).collect();
     let bar = (opts.progress && total >= 10_000).then(|| {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
@@ -92,19 +115,18 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
             _ => Ok(None),
         })
         .collect::<Result<_, _>>()?;
-    let mems: Vec<_> = fe.queues.iter().map(|q| q.mem_handle()).collect();
-    let dst_known = fe
-        .queues
+    let mems: Vec<_> = queues.iter().map(|q| q.mem_handle()).collect();
+    let dst_known = queues
         .iter()
         .map(|q| vec![None; usize::from(q.buffer_sets())])
         .collect();
-    let hdr_put = fe
-        .queues
+    let hdr_put = queues
         .iter()
         .map(|q| vec![[0; OP_DATA_REQ_SIZE]; usize::from(q.buffer_sets())])
         .collect();
     let mut run = Run {
-        fe,
+        ctl,
+        queues,
         opts,
         report: Report::default(),
         ids: HashMap::new(),
@@ -123,8 +145,9 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         bar,
         done: Vec::with_capacity(usize::from(opts.queue_depth).max(64)),
     };
-    let cpu0 = cpu_seconds();
     let mut busy = Duration::ZERO;
+    // When the first run of requests started and the last one ended.
+    let mut window: Option<(Instant, Instant)> = None;
     let mut rr = 0usize;
     let mut failure = None;
     'run: for pass in 0..opts.repeat {
@@ -136,7 +159,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         // sessions (1,024 per connection for ours, --max-sessions).
         if pass > 0 {
             for id in std::mem::take(&mut run.live) {
-                if let Err(e) = run.fe.close_session(id) {
+                if let Err(e) = run.ctl.close_session(id) {
                     failure = Some((e, false));
                     break 'run;
                 }
@@ -156,8 +179,11 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     Step::Raw(r) => {
                         let ids = &run.ids;
                         let lookup = |name: &str| ids.get(name).copied().unwrap_or(0) as u64;
+                        let fe = run.ctl.frontend()?;
                         let t = Instant::now();
-                        let out = crate::raw::run_raw(run.fe, r, lookup, opts.timeout);
+                        std::mem::swap(&mut fe.queues, run.queues);
+                        let out = crate::raw::run_raw(fe, r, lookup, opts.timeout);
+                        std::mem::swap(&mut fe.queues, run.queues);
                         busy += t.elapsed();
                         let out = out?;
                         // A raw request writes its buffer set's whole area.
@@ -175,7 +201,7 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                     }
                     Step::Close { name, .. } => {
                         if let Some(&id) = run.ids.get(name) {
-                            run.fe.close_session(id as u64)?;
+                            run.ctl.close_session(id as u64)?;
                             run.live.retain(|&l| l != id as u64);
                         }
                     }
@@ -185,13 +211,15 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
                         };
                         let t = Instant::now();
                         let done = run.requests(p, &mut rr);
-                        busy += t.elapsed();
+                        let end = Instant::now();
+                        busy += end - t;
+                        window = Some((window.map_or(t, |w| w.0), end));
                         done?;
                         // Drained: the descriptors the requests used must
                         // still be as this tool wrote them.
                         let line = v.first().map_or(0, |r| r.line);
-                        for q in 0..run.fe.queues.len() {
-                            if let Err(at) = run.fe.queues[q].check_descs() {
+                        for q in 0..run.queues.len() {
+                            if let Err(at) = run.queues[q].check_descs() {
                                 run.mismatch(
                                     line,
                                     "descriptors",
@@ -235,13 +263,30 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
     let mut outcomes = run.outcomes;
     outcomes.sort_unstable_by_key(|o| o.0);
     r.outcomes = outcomes.into_iter().map(|o| o.1).collect();
-    r.cpu_s = cpu_seconds() - cpu0;
     r.elapsed_s = busy.as_secs_f64();
     if r.elapsed_s > 0.0 {
         r.ops_per_sec = r.requests as f64 / r.elapsed_s;
         r.mib_per_sec = r.bytes as f64 / (1 << 20) as f64 / r.elapsed_s;
     }
-    let mut lat = run.latencies;
+    Ok(Replayed {
+        report: r,
+        latencies: run.latencies,
+        window,
+    })
+}
+
+/// What [`replay_on`] returns.
+struct Replayed {
+    /// The report, without `cpu_s` and the latency percentiles.
+    report: Report,
+    /// The latencies measured (µs).
+    latencies: Vec<u32>,
+    /// When the first run of requests started and the last one ended.
+    window: Option<(Instant, Instant)>,
+}
+
+/// Sets `r.p50_us` and `r.p99_us` from the latencies measured (µs).
+fn set_percentiles(r: &mut Report, mut lat: Vec<u32>) {
     if let Some(last) = lat.len().checked_sub(1) {
         // The values a full sort would put at these ranks, got by
         // selection (linear, not n log n): after the first, the ranks
@@ -257,5 +302,4 @@ pub fn replay(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptions) -> R
         r.p50_us = f64::from(p50);
         r.p99_us = f64::from(p99);
     }
-    Ok(r)
 }

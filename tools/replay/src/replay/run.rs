@@ -17,11 +17,12 @@ use super::check::{
 };
 use super::prepared::{request_header, Prepared};
 use super::report::{Mismatch, Outcome, Report};
+use super::threads::Ctl;
 use super::ReplayOptions;
-use crate::frontend::{CryptoFrontend, Error, Used, DIGEST_AREA};
+use crate::frontend::{DriverQueue, Error, Used, DIGEST_AREA};
 use crate::trace::{AlgChainSession, Dir, Req};
 
-const MAX_REPORTED: usize = 10;
+pub(super) const MAX_REPORTED: usize = 10;
 
 /// Requests submitted before the avail index is published (and the
 /// backend kicked if it asks for it), when the ring is not full first; at
@@ -43,7 +44,11 @@ const _: () = assert!(std::mem::size_of::<Option<InFlight>>() == 16);
 const PREFETCH_AHEAD: usize = 4;
 
 pub(super) struct Run<'a> {
-    pub(super) fe: &'a mut CryptoFrontend,
+    /// The connection's session messages.
+    pub(super) ctl: Ctl<'a>,
+    /// The data queues this run drives (all of the frontend's, or one per
+    /// thread with [`super::replay_threads`]).
+    pub(super) queues: &'a mut Vec<DriverQueue>,
     pub(super) opts: &'a ReplayOptions,
     pub(super) report: Report,
     pub(super) ids: HashMap<String, i64>,
@@ -131,7 +136,7 @@ impl<'a> Run<'a> {
             let n = c.auth_key.len().min(info.auth_key.len());
             info.auth_key[..n].copy_from_slice(&c.auth_key[..n]);
         }
-        let id = self.fe.create_session(&info)?;
+        let id = self.ctl.create_session(&info)?;
         self.report.sessions_created += u64::from(id > 0);
         match (expect_err, id < 0) {
             (false, true) => self.mismatch(line, "session id", "≥ 1".into(), id.to_string()),
@@ -160,9 +165,9 @@ impl<'a> Run<'a> {
         // error the next drain starts with a new one.)
         let mut done = std::mem::take(&mut self.done);
         loop {
-            self.fe.queues[q].publish_and_kick()?;
+            self.queues[q].publish_and_kick()?;
             done.clear();
-            self.fe.queues[q].reap(&mut done, self.opts.timeout)?;
+            self.queues[q].reap(&mut done, self.opts.timeout)?;
             for &u in done.iter().take(PREFETCH_AHEAD) {
                 self.prefetch(q, u);
             }
@@ -172,7 +177,7 @@ impl<'a> Run<'a> {
                 }
                 self.check(q, u);
             }
-            if !wait_all || self.fe.queues[q].in_flight() == 0 {
+            if !wait_all || self.queues[q].in_flight() == 0 {
                 self.done = done;
                 return Ok(());
             }
@@ -181,7 +186,7 @@ impl<'a> Run<'a> {
 
     pub(super) fn requests(&mut self, p: &'a Prepared<'a>, rr: &mut usize) -> Result<(), Error> {
         self.cur = Some(p);
-        let nq = self.fe.queues.len();
+        let nq = self.queues.len();
         // Per run of requests, not per request (and in locals: the stores
         // into guest memory would make the compiler load them again).
         let depth = self.opts.queue_depth;
@@ -222,7 +227,7 @@ impl<'a> Run<'a> {
                 // size is taken from the trace's request four ahead, which
                 // is that request only with one queue; with several it is a
                 // guess, and a hint either way.
-                let dq = &self.fe.queues[q];
+                let dq = &self.queues[q];
                 if let Some(b) = dq.set_ahead(PREFETCH_AHEAD as u16) {
                     let l = dq.set_layout(b);
                     dq.mem().prefetch_write(l.src, next.len as usize);
@@ -230,7 +235,7 @@ impl<'a> Run<'a> {
                 }
             }
             let (slot, b) = loop {
-                let dq = &self.fe.queues[q];
+                let dq = &self.queues[q];
                 if dq.in_flight() < depth {
                     if let Some(sb) = dq.next_slot_set() {
                         break sb;
@@ -247,7 +252,7 @@ impl<'a> Run<'a> {
             }
             let alg_chain = p.alg_chain(i, h);
             let digest_len = alg_chain.map_or(0, |c| c.digest_len);
-            let dq = &mut self.fe.queues[q];
+            let dq = &mut self.queues[q];
             let l = dq.set_layout(b);
             let mem = dq.mem();
             mem.write_array_if_changed(l.hdr, &hdr);
