@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Side-by-side AES-128-CBC encrypt benchmark, in one run:
+# Side-by-side AES-128-CBC benchmark (encrypt, decrypt, and chained with HMAC), in one run:
 #
 #   ours     taskset -c 1 vhost-user-crypto --socket-path SOCK   (default options)
 #            driven by taskset -c 0 vhost-crypto-replay --socket SOCK --json
