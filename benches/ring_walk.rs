@@ -348,7 +348,7 @@ fn vq_cipher(
         || s.mac.is_some()
         || h.iv_len != 16
         || h.dst_data_len != h.src_data_len
-        || len % 16 != 0
+        || !len.is_multiple_of(16)
         || r.available_bytes() < 16 + len
         || w.available_bytes() < len + 1
     {

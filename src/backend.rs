@@ -391,7 +391,7 @@ impl CryptoBackend {
             if self.poll.is_zero() {
                 // The next look re-enables kicks (`set_polling(false)`).
                 polling = false;
-            } else if idle_spins % 64 == 0 {
+            } else if idle_spins.is_multiple_of(64) {
                 // The clock is read every 64 empty looks, not on each.
                 let now = Instant::now();
                 if now.duration_since(last_work) >= self.poll {

@@ -40,7 +40,7 @@ pub(super) fn check_alg_chain<'s>(
     let hash_end = u64::from(p.hash_start_src_offset) + u64::from(p.len_to_hash);
     if cipher_end > src_len
         || hash_end > src_len
-        || p.len_to_cipher % 16 != 0
+        || !p.len_to_cipher.is_multiple_of(16)
         || p.hash_result_len as usize != mac.digest_len()
     {
         return Err(Status::Err);

@@ -225,7 +225,7 @@ impl ChainWalker {
 
     fn walk_indirect(&mut self, mem: &GuestMemoryMmap, d: Desc) {
         let n = d.len as usize / DESC_SIZE;
-        if d.len as usize % DESC_SIZE != 0 || n == 0 || n > usize::from(MAX_QUEUE_SIZE) {
+        if !(d.len as usize).is_multiple_of(DESC_SIZE) || n == 0 || n > usize::from(MAX_QUEUE_SIZE) {
             self.set_fault(ChainFault::BadIndirectTable);
             return;
         }
@@ -409,7 +409,7 @@ unsafe fn read_desc(table: *const u8, idx: u16) -> Desc {
     // The guest may change the table at any time: the descriptor is read
     // once, with accesses the compiler may neither repeat nor tear into
     // something else (atomic or volatile), and only the copy is used.
-    if p as usize % 8 == 0 {
+    if (p as usize).is_multiple_of(8) {
         // SAFETY: 8-aligned and in bounds; relaxed atomic loads of guest
         // memory that the guest may write concurrently.
         let (a, b) = unsafe {

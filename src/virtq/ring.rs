@@ -81,7 +81,7 @@ impl Ring {
         if a.size == 0 || a.size > MAX_QUEUE_SIZE || !a.size.is_power_of_two() {
             return Err(QueueError::InvalidSize(a.size));
         }
-        if a.desc % 16 != 0 || a.avail % 2 != 0 || a.used % 4 != 0 {
+        if !a.desc.is_multiple_of(16) || !a.avail.is_multiple_of(2) || !a.used.is_multiple_of(4) {
             return Err(QueueError::BadRingMemory);
         }
         let n = usize::from(a.size);
@@ -91,7 +91,7 @@ impl Ring {
         // The ring fields are accessed as u16/u32 through host pointers: an
         // aligned GPA gives an aligned host address only when the region's
         // guest start is aligned too, which a memory table does not promise.
-        if avail as usize % 2 != 0 || used as usize % 4 != 0 {
+        if !(avail as usize).is_multiple_of(2) || !(used as usize).is_multiple_of(4) {
             return Err(QueueError::BadRingMemory);
         }
         Ok(Ring {

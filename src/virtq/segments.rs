@@ -27,7 +27,7 @@ pub(crate) fn gather(segs: &[Segment], offset: usize, buf: &mut [u8]) -> bool {
 #[inline(always)]
 pub(crate) fn gather_array<const N: usize>(c: Cursor<'_>, out: &mut [u8; N]) -> bool {
     let (p, n) = c.chunk();
-    if n >= N && N % 8 == 0 && p as usize % 8 == 0 {
+    if n >= N && N.is_multiple_of(8) && (p as usize).is_multiple_of(8) {
         // The guest may rewrite the field at any time: it is read once,
         // with loads the compiler may neither repeat nor replace by
         // re-reading guest memory later (relaxed atomics, as in

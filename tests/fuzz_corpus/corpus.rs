@@ -11,7 +11,7 @@ use algorithms::Direction;
 /// OpenSSL's AES-CBC (no padding, [`common::oracle`]) as the `queue`
 /// harness's reference.
 fn openssl_reference(direction: Direction, key: &[u8], iv: &[u8; 16], data: &mut [u8]) -> bool {
-    if !matches!(key.len(), 16 | 24 | 32) || data.len() % 16 != 0 {
+    if !matches!(key.len(), 16 | 24 | 32) || !data.len().is_multiple_of(16) {
         return false;
     }
     let out = common::oracle(direction == Direction::Encrypt, key, iv, data);

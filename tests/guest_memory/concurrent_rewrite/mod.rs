@@ -67,10 +67,10 @@ fn mutator(mem: &GuestMemoryMmap<()>, fields: &[Field], seed: u64, stop: &Atomic
             let f = &fields[rng.range(0, fields.len() as u64 - 1) as usize];
             let v = f.versions[rng.range(0, f.versions.len() as u64 - 1) as usize];
             let at = GuestAddress(f.addr);
-            if rng.next_u64() % 8 == 0 {
+            if rng.next_u64().is_multiple_of(8) {
                 // Byte by byte, lowest or highest first.
                 let bytes = v.to_le_bytes();
-                let up = rng.next_u64() % 2 == 0;
+                let up = rng.next_u64().is_multiple_of(2);
                 for k in 0..f.width {
                     let k = if up { k } else { f.width - 1 - k };
                     mem.store(bytes[k], GuestAddress(f.addr + k as u64), Ordering::Relaxed)
@@ -133,7 +133,7 @@ fn race(seed: u64, batches: u32, flip_avail: bool, tally: &mut Tally, flips: &At
         let at = RING_AVAIL + 4 + 2 * p as u64;
         img[at as usize..at as usize + 2].copy_from_slice(&(head as u16).to_le_bytes());
         let mut v = vec![head];
-        if flip_avail && !slots[s].control && rng.next_u64() % 3 == 0 {
+        if flip_avail && !slots[s].control && rng.next_u64().is_multiple_of(3) {
             let other = (0..SLOTS)
                 .map(|k| (s + 1 + k) % SLOTS)
                 .find(|&k| !slots[k].control)

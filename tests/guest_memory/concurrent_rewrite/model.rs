@@ -261,8 +261,8 @@ impl Slot {
         let mut iv = [0u8; 16];
         iv.copy_from_slice(&rng.bytes(16));
         let src = rng.bytes(len.max(alt_len) as usize);
-        let indirect = rng.next_u64() % 2 == 0;
-        let flip = |rng: &mut Rng| !control && rng.next_u64() % 3 == 0;
+        let indirect = rng.next_u64().is_multiple_of(2);
+        let flip = |rng: &mut Rng| !control && rng.next_u64().is_multiple_of(3);
         let a = |b: u64| box_addr(i, b, OFF_A);
         let b = |b: u64| box_addr(i, b, OFF_B);
         let d = u64::from(len + digest);

@@ -51,7 +51,7 @@ pub const MAX_GENERATED_SIZE: usize = 1 << 20;
 /// Bad options (`InvalidInput`) or write failures.
 pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
     let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    if o.size == 0 || o.size % 16 != 0 {
+    if o.size == 0 || !o.size.is_multiple_of(16) {
         return Err(bad(format!("--size {} is not a positive multiple of 16", o.size)));
     }
     if o.size > MAX_GENERATED_SIZE {

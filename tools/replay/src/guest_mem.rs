@@ -139,7 +139,7 @@ impl GuestMem {
     /// multiple of 8 (a request header): compared 8 bytes at a time
     /// inline rather than through a call to memcmp.
     pub fn write_array_if_changed<const N: usize>(&self, gpa: u64, data: &[u8; N]) {
-        const { assert!(N % 8 == 0) };
+        const { assert!(N.is_multiple_of(8)) };
         let cur = self.view(gpa, N);
         let word = |b: &[u8]| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]));
         let differ = cur
@@ -235,7 +235,7 @@ impl GuestMem {
     }
 
     fn atomic_u16(&self, gpa: u64) -> &AtomicU16 {
-        assert!(gpa % 2 == 0, "unaligned ring index");
+        assert!(gpa.is_multiple_of(2), "unaligned ring index");
         let off = self.check(gpa, 2);
         // SAFETY: in bounds and 2-aligned (mmap is page aligned); the memory
         // lives as long as self.

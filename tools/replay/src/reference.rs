@@ -38,7 +38,7 @@ pub fn aes_cbc(
     iv: &[u8; 16],
     data: &mut [u8],
 ) -> Result<(), ReferenceError> {
-    if data.len() % 16 != 0 {
+    if !data.len().is_multiple_of(16) {
         return Err(ReferenceError::DataLength(data.len()));
     }
     fn run<E: KeyIvInit + BlockEncryptMut, D: KeyIvInit + BlockDecryptMut>(

@@ -309,7 +309,9 @@ impl DriverQueue {
     fn slot_of_head(&self, id: u32) -> Option<u16> {
         let slot = match self.desc_mode {
             DescMode::Indirect => id,
-            DescMode::Chain if id % u32::from(DESCS_PER_REQUEST) == 0 => id / u32::from(DESCS_PER_REQUEST),
+            DescMode::Chain if id.is_multiple_of(u32::from(DESCS_PER_REQUEST)) => {
+                id / u32::from(DESCS_PER_REQUEST)
+            }
             DescMode::Chain => return None,
         };
         let slot = u16::try_from(slot).ok()?;
@@ -437,7 +439,7 @@ impl DriverQueue {
             // costs neither a notification nor a wake-up. While we poll,
             // used_event stays behind, so the backend need not notify.
             spins = spins.wrapping_add(1);
-            if spins % 32 != 0 || start.elapsed() < REAP_POLL {
+            if !spins.is_multiple_of(32) || start.elapsed() < REAP_POLL {
                 std::hint::spin_loop();
                 continue;
             }

@@ -119,7 +119,7 @@ impl SoakOptions {
     /// # Errors
     /// What to change.
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_size < 16 || self.max_size % 16 != 0 {
+        if self.max_size < 16 || !self.max_size.is_multiple_of(16) {
             return Err(format!(
                 "--max-size {} is not a positive multiple of 16",
                 self.max_size
