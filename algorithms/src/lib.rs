@@ -14,10 +14,14 @@
 //! only `unsafe` code is these intrinsics).
 //!
 //! The AES and CBC code itself is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
-//! `cipher` 0.4 (AES-NI or VAES when the CPU has them, a constant-time
-//! software fallback otherwise). Key schedules are zeroized when dropped
-//! (the `zeroize` features of `aes` and `cbc`), and no type here prints key
-//! material in its `Debug` output.
+//! `cipher` 0.4 (AES-NI when the CPU has it, a constant-time software
+//! fallback otherwise). Key schedules are zeroized when dropped (the
+//! `zeroize` features of `aes` and `cbc`, and [`zeroize`] for this crate's
+//! own round keys), and no type here prints key material in its `Debug`
+//! output.
+//!
+//! `unsafe` code (SIMD intrinsics) lives only in the module
+//! `key_schedule`.
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
@@ -30,7 +34,9 @@ use std::fmt;
 
 pub use cipher;
 
+mod key_schedule;
 pub mod mac;
+use key_schedule::RoundKeys;
 pub use mac::{
     mac_multi, mac_multi_with, sha_engine, MacAlg, MacError, MacJob, MacKey, MacStream, ShaEngine,
     MAX_MAC_LANES, MAX_MAC_LEN, SHA_ENGINE_ENV,
@@ -68,13 +74,22 @@ pub enum Direction {
 /// Built once per session (`AesCbcKey::new`) and reused for every request:
 /// starting an operation only copies the schedule, it never re-expands the key.
 /// The schedule is zeroized on drop.
+///
+/// It holds the `aes` crate's schedule (single-message encryption and
+/// decryption) and, on CPUs with AES-NI, this crate's encryption round keys
+/// (FIPS 197 §5.2) for multi-buffer kernels.
 #[derive(Clone)]
-pub enum AesCbcKey {
-    /// AES-128 (16-byte key).
+pub struct AesCbcKey {
+    cipher: Cipher,
+    // Read by the multi-buffer kernels.
+    #[allow(dead_code)]
+    round_keys: Option<RoundKeys>,
+}
+
+#[derive(Clone)]
+enum Cipher {
     Aes128(Aes128),
-    /// AES-192 (24-byte key).
     Aes192(Aes192),
-    /// AES-256 (32-byte key).
     Aes256(Aes256),
 }
 
@@ -92,20 +107,24 @@ impl AesCbcKey {
     /// [`Error::InvalidKeyLength`] for any other length.
     pub fn new(key: &[u8]) -> Result<Self, Error> {
         let bad = |_| Error::InvalidKeyLength(key.len());
-        Ok(match key.len() {
-            16 => AesCbcKey::Aes128(Aes128::new_from_slice(key).map_err(bad)?),
-            24 => AesCbcKey::Aes192(Aes192::new_from_slice(key).map_err(bad)?),
-            32 => AesCbcKey::Aes256(Aes256::new_from_slice(key).map_err(bad)?),
+        let cipher = match key.len() {
+            16 => Cipher::Aes128(Aes128::new_from_slice(key).map_err(bad)?),
+            24 => Cipher::Aes192(Aes192::new_from_slice(key).map_err(bad)?),
+            32 => Cipher::Aes256(Aes256::new_from_slice(key).map_err(bad)?),
             n => return Err(Error::InvalidKeyLength(n)),
+        };
+        Ok(AesCbcKey {
+            cipher,
+            round_keys: RoundKeys::expand(key),
         })
     }
 
     /// Key size in bits: 128, 192 or 256.
     pub fn key_bits(&self) -> u32 {
-        match self {
-            AesCbcKey::Aes128(_) => 128,
-            AesCbcKey::Aes192(_) => 192,
-            AesCbcKey::Aes256(_) => 256,
+        match self.cipher {
+            Cipher::Aes128(_) => 128,
+            Cipher::Aes192(_) => 192,
+            Cipher::Aes256(_) => 256,
         }
     }
 
@@ -113,13 +132,13 @@ impl AesCbcKey {
     /// stream borrows the key schedule (nothing is copied but the IV).
     pub fn start(&self, direction: Direction, iv: &[u8; AES_CBC_IV_SIZE]) -> CbcStream<'_> {
         let iv = iv.into();
-        let inner = match (self, direction) {
-            (AesCbcKey::Aes128(k), Direction::Encrypt) => Inner::Enc128(cbc::Encryptor::inner_iv_init(k, iv)),
-            (AesCbcKey::Aes192(k), Direction::Encrypt) => Inner::Enc192(cbc::Encryptor::inner_iv_init(k, iv)),
-            (AesCbcKey::Aes256(k), Direction::Encrypt) => Inner::Enc256(cbc::Encryptor::inner_iv_init(k, iv)),
-            (AesCbcKey::Aes128(k), Direction::Decrypt) => Inner::Dec128(cbc::Decryptor::inner_iv_init(k, iv)),
-            (AesCbcKey::Aes192(k), Direction::Decrypt) => Inner::Dec192(cbc::Decryptor::inner_iv_init(k, iv)),
-            (AesCbcKey::Aes256(k), Direction::Decrypt) => Inner::Dec256(cbc::Decryptor::inner_iv_init(k, iv)),
+        let inner = match (&self.cipher, direction) {
+            (Cipher::Aes128(k), Direction::Encrypt) => Inner::Enc128(cbc::Encryptor::inner_iv_init(k, iv)),
+            (Cipher::Aes192(k), Direction::Encrypt) => Inner::Enc192(cbc::Encryptor::inner_iv_init(k, iv)),
+            (Cipher::Aes256(k), Direction::Encrypt) => Inner::Enc256(cbc::Encryptor::inner_iv_init(k, iv)),
+            (Cipher::Aes128(k), Direction::Decrypt) => Inner::Dec128(cbc::Decryptor::inner_iv_init(k, iv)),
+            (Cipher::Aes192(k), Direction::Decrypt) => Inner::Dec192(cbc::Decryptor::inner_iv_init(k, iv)),
+            (Cipher::Aes256(k), Direction::Decrypt) => Inner::Dec256(cbc::Decryptor::inner_iv_init(k, iv)),
         };
         CbcStream { inner }
     }
@@ -257,10 +276,10 @@ pub fn cbc_encrypt_multi(key: &AesCbcKey, lanes: &mut [Lane<'_>]) -> Result<(), 
         }
         return Ok(());
     }
-    match key {
-        AesCbcKey::Aes128(k) => encrypt_lanes(k, lanes),
-        AesCbcKey::Aes192(k) => encrypt_lanes(k, lanes),
-        AesCbcKey::Aes256(k) => encrypt_lanes(k, lanes),
+    match &key.cipher {
+        Cipher::Aes128(k) => encrypt_lanes(k, lanes),
+        Cipher::Aes192(k) => encrypt_lanes(k, lanes),
+        Cipher::Aes256(k) => encrypt_lanes(k, lanes),
     }
     Ok(())
 }
