@@ -13,15 +13,17 @@
 //! several messages interleaved, or 16 messages in AVX-512 lanes; the crate's
 //! only `unsafe` code is these intrinsics).
 //!
-//! The AES and CBC code itself is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
+//! Single-message AES and CBC is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
 //! `cipher` 0.4 (AES-NI when the CPU has it, a constant-time software
-//! fallback otherwise). Key schedules are zeroized when dropped (the
-//! `zeroize` features of `aes` and `cbc`, and [`zeroize`] for this crate's
-//! own round keys), and no type here prints key material in its `Debug`
-//! output.
+//! fallback otherwise). Multi-buffer CBC encryption ([`cbc_encrypt_multi`])
+//! runs on one of the engines of [`AesEngine`], chosen at run time: VAES
+//! kernels of this crate on 512- or 256-bit registers, or the `aes` crate.
+//! Key schedules are zeroized when dropped (the `zeroize` features of `aes`
+//! and `cbc`, and [`zeroize`] for this crate's own round keys), and no type
+//! here prints key material in its `Debug` output.
 //!
-//! `unsafe` code (SIMD intrinsics) lives only in the module
-//! `key_schedule`.
+//! `unsafe` code (SIMD intrinsics) lives only in the modules
+//! `key_schedule` and `cbc_lanes`.
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
@@ -34,8 +36,11 @@ use std::fmt;
 
 pub use cipher;
 
+mod cbc_lanes;
+mod engine;
 mod key_schedule;
 pub mod mac;
+pub use engine::{aes_engine, cbc_encrypt_multi_with, AesEngine};
 use key_schedule::RoundKeys;
 pub use mac::{
     mac_multi, mac_multi_with, sha_engine, MacAlg, MacError, MacJob, MacKey, MacStream, ShaEngine,
@@ -58,6 +63,10 @@ pub enum Error {
     /// or input and output lengths differ.
     #[error("buffer of {0} bytes is not a whole number of 16-byte blocks or lengths differ")]
     InvalidBufferLength(usize),
+    /// [`cbc_encrypt_multi_with`] was asked for an engine this CPU cannot
+    /// run (see [`AesEngine::is_supported`]); nothing is processed then.
+    #[error("AES engine {0} is not supported by this CPU")]
+    EngineUnavailable(&'static str),
 }
 
 /// Cipher direction of a CBC operation.
@@ -77,12 +86,10 @@ pub enum Direction {
 ///
 /// It holds the `aes` crate's schedule (single-message encryption and
 /// decryption) and, on CPUs with AES-NI, this crate's encryption round keys
-/// (FIPS 197 §5.2) for multi-buffer kernels.
+/// (FIPS 197 §5.2) for the VAES multi-buffer kernels.
 #[derive(Clone)]
 pub struct AesCbcKey {
     cipher: Cipher,
-    // Read by the multi-buffer kernels.
-    #[allow(dead_code)]
     round_keys: Option<RoundKeys>,
 }
 
@@ -221,9 +228,14 @@ impl CbcStream<'_> {
     }
 }
 
-/// Most messages [`cbc_encrypt_multi`] interleaves: the AES-NI backend of
-/// the `aes` crate encrypts 8 blocks per call in its pipelined path.
-pub const MAX_LANES: usize = 8;
+/// Most messages [`cbc_encrypt_multi`] takes in one call: 16, the lanes of
+/// four 512-bit VAES registers ([`AesEngine::Vaes512`]).
+pub const MAX_LANES: usize = 16;
+
+/// Most messages the `aes` crate's AES-NI backend interleaves: it encrypts
+/// 8 blocks per call in its pipelined path ([`AesEngine::AesNi`] runs
+/// larger batches as two groups).
+const GROUP_LANES: usize = 8;
 
 /// Steps by which each lane of [`cbc_encrypt_multi`] starts later than the
 /// previous one on long messages (4 blocks = one 64-byte cache line).
@@ -244,44 +256,55 @@ impl fmt::Debug for Lane<'_> {
     }
 }
 
-/// CBC-encrypts up to [`MAX_LANES`] independent messages with one key.
+/// CBC-encrypts up to [`MAX_LANES`] independent messages with one key, on
+/// the process-wide engine [`aes_engine`].
 ///
 /// CBC encryption is serial within a message (each block needs the
 /// previous ciphertext), so one message leaves the cipher's parallel lanes
-/// idle. Here block *j* of every message is encrypted in one
-/// `encrypt_blocks` call, so AES-NI pipelines them; messages of different
-/// lengths drop out as they end (a single message takes the
-/// [`CbcStream`] path). The output is exactly that of [`CbcStream`] run
-/// on each message alone (tested differentially), and each lane's `iv`
-/// ends up holding its last ciphertext block (unchanged when empty).
+/// idle. Here block *j* of every message is encrypted together, so the
+/// AES units pipeline them; messages of different lengths drop out as they
+/// end (a single message takes the [`CbcStream`] path). The output is
+/// exactly that of [`CbcStream`] run on each message alone (tested
+/// differentially against RustCrypto's `cbc`), and each lane's `iv` ends
+/// up holding its last ciphertext block (unchanged when empty).
 ///
 /// # Errors
 /// [`Error::InvalidBufferLength`] if more than [`MAX_LANES`] lanes are
 /// given or a lane is not a whole number of blocks; nothing is processed then.
 pub fn cbc_encrypt_multi(key: &AesCbcKey, lanes: &mut [Lane<'_>]) -> Result<(), Error> {
-    if lanes.len() > MAX_LANES {
-        return Err(Error::InvalidBufferLength(lanes.len()));
+    cbc_encrypt_multi_with(aes_engine(), key, lanes)
+}
+
+/// One message through the single-stream path; `iv` ends up holding the
+/// last ciphertext block.
+fn encrypt_one(key: &AesCbcKey, one: &mut Lane<'_>) {
+    // A whole number of blocks (checked by the callers).
+    let _ = key
+        .start(Direction::Encrypt, &one.iv)
+        .process_inout(one.buf.reborrow());
+    if let Some(last) = one.buf.get_out().last_chunk::<AES_BLOCK_SIZE>() {
+        one.iv = *last;
     }
-    if let Some(l) = lanes.iter().find(|l| l.buf.len() % AES_BLOCK_SIZE != 0) {
-        return Err(Error::InvalidBufferLength(l.buf.len()));
+}
+
+/// The `aes` crate's multi-lane path: up to [`GROUP_LANES`] lanes per
+/// backend call, larger batches split in two.
+fn encrypt_aes_crate(key: &AesCbcKey, lanes: &mut [Lane<'_>]) {
+    if lanes.len() > GROUP_LANES {
+        let (a, b) = lanes.split_at_mut(lanes.len().div_ceil(2));
+        encrypt_aes_crate(key, a);
+        encrypt_aes_crate(key, b);
+        return;
     }
     if let [one] = lanes {
-        // One message: the single-stream path, without the lanes'
-        // bookkeeping per block.
-        key.start(Direction::Encrypt, &one.iv)
-            .process_inout(one.buf.reborrow())?;
-        // The chaining value is the last ciphertext block.
-        if let Some(last) = one.buf.get_out().last_chunk::<AES_BLOCK_SIZE>() {
-            one.iv = *last;
-        }
-        return Ok(());
+        encrypt_one(key, one);
+        return;
     }
     match &key.cipher {
         Cipher::Aes128(k) => encrypt_lanes(k, lanes),
         Cipher::Aes192(k) => encrypt_lanes(k, lanes),
         Cipher::Aes256(k) => encrypt_lanes(k, lanes),
     }
-    Ok(())
 }
 
 fn encrypt_lanes<C: cipher::BlockEncrypt + cipher::BlockSizeUser<BlockSize = U16>>(
@@ -306,11 +329,11 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         use cipher::typenum::Unsigned;
         let par = B::ParBlocksSize::USIZE;
         let lanes = self.lanes;
-        let nl = lanes.len().min(MAX_LANES);
+        let nl = lanes.len().min(GROUP_LANES);
         // Chaining values and lengths in locals: the hot loop below works
         // on 128-bit words, not byte by byte.
-        let mut state = [0u128; MAX_LANES];
-        let mut blocks = [0usize; MAX_LANES];
+        let mut state = [0u128; GROUP_LANES];
+        let mut blocks = [0usize; GROUP_LANES];
         for (i, l) in lanes.iter().enumerate().take(nl) {
             state[i] = u128::from_le_bytes(l.iv);
             blocks[i] = l.buf.len() / AES_BLOCK_SIZE;
@@ -332,13 +355,13 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
         let equal = blocks[..nl].iter().all(|&b| b == longest);
         // The usual batch: eight same-size messages (lanes_full), or
         // fewer (lanes_equal).
-        let full = if skew == 0 && par >= MAX_LANES && equal {
-            <&mut [Lane<'_>; MAX_LANES]>::try_from(&mut lanes[..]).ok()
+        let full = if skew == 0 && par >= GROUP_LANES && equal {
+            <&mut [Lane<'_>; GROUP_LANES]>::try_from(&mut lanes[..]).ok()
         } else {
             None
         };
         let done = full.is_some_and(|full| lanes_full(backend, full, &mut state, &mut work));
-        if !done && skew == 0 && nl >= 2 && par >= MAX_LANES && equal {
+        if !done && skew == 0 && nl >= 2 && par >= GROUP_LANES && equal {
             lanes_equal(backend, &mut lanes[..nl], &mut state, longest, &mut work);
         } else if !done {
             self::lanes_ragged(backend, lanes, &mut state, &blocks, nl, skew, steps, &mut work);
@@ -354,8 +377,8 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
     }
 }
 
-/// [`MultiLane`]'s loop for its usual case: [`MAX_LANES`] messages of equal
-/// length, no skew, a backend with at least [`MAX_LANES`] parallel blocks.
+/// [`MultiLane`]'s loop for its usual case: [`GROUP_LANES`] messages of equal
+/// length, no skew, a backend with at least [`GROUP_LANES`] parallel blocks.
 /// The work blocks carry the chaining values from step to step. `state`
 /// holds the IVs on entry and the last ciphertext blocks on return.
 /// Returns false, having done nothing, if the lanes' lengths differ (the
@@ -369,8 +392,8 @@ impl cipher::BlockClosure for MultiLane<'_, '_> {
 /// (a slice of that array) measured no faster than [`lanes_equal`].
 fn lanes_full<B: cipher::BlockBackend<BlockSize = U16>>(
     backend: &mut B,
-    lanes: &mut [Lane<'_>; MAX_LANES],
-    state: &mut [u128; MAX_LANES],
+    lanes: &mut [Lane<'_>; GROUP_LANES],
+    state: &mut [u128; GROUP_LANES],
     work: &mut cipher::ParBlocks<B>,
 ) -> bool {
     let mut bufs = lanes.each_mut().map(|l| l.buf.reborrow().into_chunks::<U16>().0);
@@ -401,16 +424,16 @@ fn lanes_full<B: cipher::BlockBackend<BlockSize = U16>>(
     true
 }
 
-/// [`MultiLane`]'s loop for fewer than [`MAX_LANES`] messages of equal
+/// [`MultiLane`]'s loop for fewer than [`GROUP_LANES`] messages of equal
 /// length (`blocks` blocks each), no skew, a backend with at least
-/// [`MAX_LANES`] parallel blocks: every lane has a block at every step, so
+/// [`GROUP_LANES`] parallel blocks: every lane has a block at every step, so
 /// there are no per-lane checks. The work blocks carry the chaining values
 /// from step to step (one store-to-load round trip per block less than
 /// keeping them apart).
 fn lanes_equal<B: cipher::BlockBackend<BlockSize = U16>>(
     backend: &mut B,
     lanes: &mut [Lane<'_>],
-    state: &mut [u128; MAX_LANES],
+    state: &mut [u128; GROUP_LANES],
     blocks: usize,
     work: &mut cipher::ParBlocks<B>,
 ) {
@@ -469,8 +492,8 @@ const MAX_STREAMS_PER_SET: usize = 4;
 fn lanes_ragged<B: cipher::BlockBackend<BlockSize = U16>>(
     backend: &mut B,
     lanes: &mut [Lane<'_>],
-    state: &mut [u128; MAX_LANES],
-    blocks: &[usize; MAX_LANES],
+    state: &mut [u128; GROUP_LANES],
+    blocks: &[usize; GROUP_LANES],
     nl: usize,
     skew: usize,
     steps: usize,
@@ -479,7 +502,7 @@ fn lanes_ragged<B: cipher::BlockBackend<BlockSize = U16>>(
     {
         use cipher::typenum::Unsigned;
         let par = B::ParBlocksSize::USIZE;
-        let mut which = [(0usize, 0usize); MAX_LANES];
+        let mut which = [(0usize, 0usize); GROUP_LANES];
         for step in 0..steps {
             let mut n = 0;
             for i in 0..nl {
@@ -491,7 +514,7 @@ fn lanes_ragged<B: cipher::BlockBackend<BlockSize = U16>>(
                     let mut p = [0u8; AES_BLOCK_SIZE];
                     p.copy_from_slice(&lanes[i].buf.get_in()[off..off + AES_BLOCK_SIZE]);
                     let x = (u128::from_le_bytes(p) ^ state[i]).to_le_bytes();
-                    if par >= MAX_LANES {
+                    if par >= GROUP_LANES {
                         work[n].copy_from_slice(&x);
                     } else {
                         // A backend with fewer parallel blocks than lanes

@@ -42,9 +42,10 @@ fn nist_f21_f23_f25_in_every_lane() {
     ] {
         let k = AesCbcKey::new(&hex(key)).unwrap();
         let ct = hex(ct);
-        // Eight lanes holding the vector and its 16/32/48-byte prefixes
-        // (lanes of different lengths), then eight whole vectors (the
-        // equal-length loop), in place and from one buffer into another.
+        // MAX_LANES lanes holding the vector and its 16/32/48-byte
+        // prefixes (lanes of different lengths), then MAX_LANES whole
+        // vectors (equal lengths), in place and from one buffer into
+        // another, on the process-wide engine.
         for (layout, in_place) in [("prefixes", true), ("whole", true), ("whole", false)] {
             let len = |i: usize| if layout == "whole" { pt.len() } else { 16 * (1 + i % 4) };
             let src: Vec<Vec<u8>> = (0..MAX_LANES).map(|i| pt[..len(i)].to_vec()).collect();
@@ -147,7 +148,8 @@ fn matches_single_stream_on_random_batches() {
 
 /// Long messages (32 blocks and more) whose buffers are 4 KiB apart, so
 /// that every lane's block j falls in the same L1 cache set (the skewed
-/// schedule), and the same shifted by one cache line per lane (no skew):
+/// schedule of the `aesni` engine), and the same shifted by one cache line
+/// per lane (no skew), on the process-wide engine:
 /// both give what the single-stream path gives, in place and not.
 #[test]
 fn matches_single_stream_with_page_strided_lanes() {
@@ -234,13 +236,13 @@ fn rejects_too_many_lanes_and_partial_blocks() {
     assert_eq!(odd, vec![1u8; 17], "nothing processed");
 }
 
-/// Eight equal-length lanes (the eight-lane loop), each lane in place or
-/// into a separate buffer at random, 0 to 80 blocks (from 32 blocks on,
-/// page-strided lanes take the skewed loop instead), all key sizes:
-/// outputs and chaining values equal the single-stream path's, inputs of
-/// separate-buffer lanes untouched. (From a review of that loop.)
+/// A full batch of equal-length lanes ([`MAX_LANES`]), each lane in place
+/// or into a separate buffer at random, 0 to 80 blocks, page-strided or
+/// packed, all key sizes, on the process-wide engine: outputs and chaining
+/// values equal the single-stream path's, inputs of separate-buffer lanes
+/// untouched.
 #[test]
-fn eight_equal_lanes_in_place_or_not_match_single_stream() {
+fn full_batches_of_equal_lanes_in_place_or_not_match_single_stream() {
     let mut rng = Rng(0x7e57_0000_1111_2222);
     for round in 0..600 {
         let key = AesCbcKey::new(&rng.bytes([16, 24, 32][round % 3])).unwrap();
@@ -251,7 +253,8 @@ fn eight_equal_lanes_in_place_or_not_match_single_stream() {
             .map(|_| rng.bytes(16).try_into().unwrap())
             .collect();
         let inpl: Vec<bool> = (0..MAX_LANES).map(|_| rng.next().is_multiple_of(2)).collect();
-        // Page-strided sometimes (skew path when >= 32 blocks).
+        // Page-strided sometimes (the `aesni` engine's skew path when
+        // >= 32 blocks).
         let stride = if round % 2 == 0 { 4096 } else { n + 48 };
         let mut src = vec![0u8; stride * MAX_LANES + 4096];
         let mut dst = vec![0u8; stride * MAX_LANES + 4096];
