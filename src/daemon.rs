@@ -464,6 +464,26 @@ pub fn init_logging() {
         .init();
 }
 
+/// Makes the process-wide multi-buffer AES engine choice now, before any
+/// queue worker runs, and logs it (`algorithms::AES_ENGINE_ENV`).
+fn log_aes_engine() {
+    let choice = algorithms::aes_engine_choice();
+    if choice.ignored {
+        let runs: Vec<&str> = algorithms::AesEngine::available()
+            .into_iter()
+            .map(|e| e.name())
+            .collect();
+        warn!(
+            "{}={:?} names no AES engine this CPU runs (it runs: {}); using {}",
+            algorithms::AES_ENGINE_ENV,
+            choice.requested.as_deref().unwrap_or_default(),
+            runs.join(", "),
+            choice.engine
+        );
+    }
+    info!("multi-buffer AES-CBC engine: {}", choice.engine);
+}
+
 /// Runs the daemon forever: check the seccomp filter (unless off), bind,
 /// then serve frontends one after another.
 ///
@@ -490,6 +510,7 @@ pub fn run(config: &Config) -> Result<(), Error> {
     } else {
         warn!("--seccomp off: queue workers run without a syscall filter");
     }
+    log_aes_engine();
     info!("listening on {}", config.socket_path.display());
     loop {
         if let Err(e) = serve_one(&listener, config, filter.as_ref()) {

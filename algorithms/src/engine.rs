@@ -4,6 +4,12 @@
 use crate::{cbc_lanes, encrypt_aes_crate, encrypt_one, AesCbcKey, Error, Lane, AES_BLOCK_SIZE, MAX_LANES};
 use std::sync::OnceLock;
 
+/// Environment variable that picks the engine of [`aes_engine`]: `soft`,
+/// `aesni`, `vaes256` or `vaes512` (ASCII case ignored). An unknown name,
+/// or an engine this CPU cannot run, is ignored: the process then uses
+/// [`AesEngine::detect`], and [`aes_engine_choice`] says so.
+pub const AES_ENGINE_ENV: &str = "VHOST_USER_CRYPTO_AES_ENGINE";
+
 /// An implementation of multi-buffer AES-CBC encryption
 /// ([`cbc_encrypt_multi_with`]). All give the same output; they differ in
 /// speed and in the CPU features they need.
@@ -37,7 +43,7 @@ impl AesEngine {
         AesEngine::Vaes512,
     ];
 
-    /// The engine's name, for logs.
+    /// The engine's name, as [`AES_ENGINE_ENV`] takes it and for logs.
     pub fn name(self) -> &'static str {
         match self {
             AesEngine::Soft => "soft",
@@ -92,11 +98,46 @@ impl std::fmt::Display for AesEngine {
     }
 }
 
+/// The process-wide engine and how it was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AesEngineChoice {
+    /// The engine [`cbc_encrypt_multi`](crate::cbc_encrypt_multi) uses.
+    pub engine: AesEngine,
+    /// The value of [`AES_ENGINE_ENV`], if it was set.
+    pub requested: Option<String>,
+    /// True if [`AES_ENGINE_ENV`] was set but named no engine this CPU can
+    /// run, so [`AesEngine::detect`]'s choice was taken instead.
+    pub ignored: bool,
+}
+
+impl AesEngineChoice {
+    /// The choice for the value `requested` of [`AES_ENGINE_ENV`].
+    pub fn from_request(requested: Option<&str>) -> AesEngineChoice {
+        let wanted = requested
+            .and_then(AesEngine::from_name)
+            .filter(|e| e.is_supported());
+        AesEngineChoice {
+            engine: wanted.unwrap_or_else(AesEngine::detect),
+            requested: requested.map(str::to_owned),
+            ignored: requested.is_some() && wanted.is_none(),
+        }
+    }
+}
+
+/// The engine choice of this process, made once on first use from
+/// [`AES_ENGINE_ENV`] and the CPU.
+pub fn aes_engine_choice() -> &'static AesEngineChoice {
+    static CHOICE: OnceLock<AesEngineChoice> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        let env = std::env::var(AES_ENGINE_ENV).ok();
+        AesEngineChoice::from_request(env.as_deref())
+    })
+}
+
 /// The engine [`cbc_encrypt_multi`](crate::cbc_encrypt_multi) uses in this
-/// process: [`AesEngine::detect`]'s choice, made once on first use.
+/// process ([`aes_engine_choice`]).
 pub fn aes_engine() -> AesEngine {
-    static ENGINE: OnceLock<AesEngine> = OnceLock::new();
-    *ENGINE.get_or_init(AesEngine::detect)
+    aes_engine_choice().engine
 }
 
 /// [`cbc_encrypt_multi`](crate::cbc_encrypt_multi) on the given engine.

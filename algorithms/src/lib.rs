@@ -40,7 +40,9 @@ mod cbc_lanes;
 mod engine;
 mod key_schedule;
 pub mod mac;
-pub use engine::{aes_engine, cbc_encrypt_multi_with, AesEngine};
+pub use engine::{
+    aes_engine, aes_engine_choice, cbc_encrypt_multi_with, AesEngine, AesEngineChoice, AES_ENGINE_ENV,
+};
 use key_schedule::RoundKeys;
 pub use mac::{
     mac_multi, mac_multi_with, sha_engine, MacAlg, MacError, MacJob, MacKey, MacStream, ShaEngine,

@@ -6,7 +6,7 @@
 //! lengths, all key sizes, in place and buffer to buffer).
 
 use algorithms::cipher::inout::InOutBuf;
-use algorithms::{cbc_encrypt_multi_with, AesCbcKey, AesEngine, Error, Lane, MAX_LANES};
+use algorithms::{cbc_encrypt_multi_with, AesCbcKey, AesEngine, AesEngineChoice, Error, Lane, MAX_LANES};
 use cbc::cipher::{BlockEncryptMut, KeyIvInit};
 use rand_core::{Rng, SeedableRng};
 use rand_xoshiro::SplitMix64;
@@ -369,6 +369,22 @@ fn engine_names_round_trip_and_detect_is_the_fastest_available() {
     let available = AesEngine::available();
     assert!(available.contains(&AesEngine::Soft));
     assert_eq!(Some(&AesEngine::detect()), available.last());
+}
+
+#[test]
+fn an_engine_request_the_cpu_cannot_honour_falls_back_to_detect() {
+    let none = AesEngineChoice::from_request(None);
+    assert_eq!((none.engine, none.ignored), (AesEngine::detect(), false));
+    let soft = AesEngineChoice::from_request(Some("soft"));
+    assert_eq!((soft.engine, soft.ignored), (AesEngine::Soft, false));
+    assert_eq!(soft.requested.as_deref(), Some("soft"));
+    let bogus = AesEngineChoice::from_request(Some("rot13"));
+    assert_eq!((bogus.engine, bogus.ignored), (AesEngine::detect(), true));
+    for e in AesEngine::ALL {
+        let c = AesEngineChoice::from_request(Some(e.name()));
+        let want = if e.is_supported() { e } else { AesEngine::detect() };
+        assert_eq!((c.engine, c.ignored), (want, !e.is_supported()), "{e}");
+    }
 }
 
 #[test]
