@@ -30,7 +30,9 @@ pub enum AesEngine {
     Vaes256,
     /// This crate's VAES kernel on 512-bit registers, 4 messages per
     /// register, up to 4 registers. Needs AES-NI, AVX-512F and VAES (Intel
-    /// Ice Lake and later, AMD Zen 4 and later).
+    /// Ice Lake and later, AMD Zen 4 and later). As the process-wide
+    /// engine it also decrypts single messages ([`crate::CbcStream`]), 16
+    /// blocks at a time.
     Vaes512,
 }
 

@@ -13,17 +13,20 @@
 //! several messages interleaved, or 16 messages in AVX-512 lanes; the crate's
 //! only `unsafe` code is these intrinsics).
 //!
-//! Single-message AES and CBC is RustCrypto's `aes` 0.8 / `cbc` 0.1 /
-//! `cipher` 0.4 (AES-NI when the CPU has it, a constant-time software
-//! fallback otherwise). Multi-buffer CBC encryption ([`cbc_encrypt_multi`])
-//! runs on one of the engines of [`AesEngine`], chosen at run time: VAES
-//! kernels of this crate on 512- or 256-bit registers, or the `aes` crate.
+//! Single-message AES-CBC ([`CbcStream`]) is RustCrypto's `aes` 0.8 /
+//! `cbc` 0.1 / `cipher` 0.4 (AES-NI when the CPU has it, a constant-time
+//! software fallback otherwise), except decryption when the process-wide
+//! engine ([`aes_engine`]) is [`AesEngine::Vaes512`]: then 16 blocks at a
+//! time go through this crate's VAES kernel. Multi-buffer CBC encryption
+//! ([`cbc_encrypt_multi`]) runs on one of the engines of [`AesEngine`],
+//! chosen at run time: VAES kernels of this crate on 512- or 256-bit
+//! registers, or the `aes` crate.
 //! Key schedules are zeroized when dropped (the `zeroize` features of `aes`
 //! and `cbc`, and [`zeroize`] for this crate's own round keys), and no type
 //! here prints key material in its `Debug` output.
 //!
 //! `unsafe` code (SIMD intrinsics) lives only in the modules
-//! `key_schedule` and `cbc_lanes`.
+//! `key_schedule`, `cbc_lanes` and `cbc_decrypt`.
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
@@ -36,6 +39,7 @@ use std::fmt;
 
 pub use cipher;
 
+mod cbc_decrypt;
 mod cbc_lanes;
 mod engine;
 mod key_schedule;
@@ -140,6 +144,13 @@ impl AesCbcKey {
     /// Starts a CBC operation in `direction` with the 16-byte `iv`. The
     /// stream borrows the key schedule (nothing is copied but the IV).
     pub fn start(&self, direction: Direction, iv: &[u8; AES_CBC_IV_SIZE]) -> CbcStream<'_> {
+        if let (Direction::Decrypt, AesEngine::Vaes512, Some(rk)) =
+            (direction, aes_engine(), &self.round_keys)
+        {
+            return CbcStream {
+                inner: Inner::DecVaes512(rk, zeroize::Zeroizing::new(*iv)),
+            };
+        }
         let iv = iv.into();
         let inner = match (&self.cipher, direction) {
             (Cipher::Aes128(k), Direction::Encrypt) => Inner::Enc128(cbc::Encryptor::inner_iv_init(k, iv)),
@@ -162,6 +173,9 @@ enum Inner<'k> {
     Dec128(cbc::Decryptor<&'k Aes128>),
     Dec192(cbc::Decryptor<&'k Aes192>),
     Dec256(cbc::Decryptor<&'k Aes256>),
+    /// Decryption on 512-bit VAES ([`AesEngine::Vaes512`]): round keys and
+    /// the chaining value.
+    DecVaes512(&'k RoundKeys, zeroize::Zeroizing<[u8; AES_CBC_IV_SIZE]>),
 }
 
 /// One CBC operation in progress: a borrowed key schedule plus the chaining
@@ -189,10 +203,15 @@ impl CbcStream<'_> {
     /// nothing is processed then.
     pub fn process_inout(&mut self, buf: InOutBuf<'_, '_, u8>) -> Result<(), Error> {
         let len = buf.len();
-        let (blocks, tail) = buf.into_chunks::<U16>();
-        if !tail.is_empty() {
+        if !len.is_multiple_of(AES_BLOCK_SIZE) {
             return Err(Error::InvalidBufferLength(len));
         }
+        if let Inner::DecVaes512(rk, iv) = &mut self.inner {
+            // `aes_engine()` is Vaes512 only on a CPU that runs it.
+            let _ = cbc_decrypt::decrypt_vaes512_inout(rk, iv, buf);
+            return Ok(());
+        }
+        let (blocks, _) = buf.into_chunks::<U16>();
         match &mut self.inner {
             Inner::Enc128(c) => c.encrypt_blocks_inout_mut(blocks),
             Inner::Enc192(c) => c.encrypt_blocks_inout_mut(blocks),
@@ -200,6 +219,7 @@ impl CbcStream<'_> {
             Inner::Dec128(c) => c.decrypt_blocks_inout_mut(blocks),
             Inner::Dec192(c) => c.decrypt_blocks_inout_mut(blocks),
             Inner::Dec256(c) => c.decrypt_blocks_inout_mut(blocks),
+            Inner::DecVaes512(..) => {}
         }
         Ok(())
     }
