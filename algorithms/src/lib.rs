@@ -10,8 +10,8 @@
 //! For algorithm chaining, [`mac`] adds HMAC-SHA1 and HMAC-SHA-256 behind
 //! the same build-once, stream-per-request interface, plus [`mac_multi`],
 //! the tags of up to 16 messages at once (SHA-NI with the compressions of
-//! several messages interleaved, or 16 messages in AVX-512 lanes; the crate's
-//! only `unsafe` code is these intrinsics).
+//! several messages interleaved, or 16 messages in AVX-512 lanes), on the
+//! engine of [`ShaEngine`] chosen at run time.
 //!
 //! Single-message AES-CBC ([`CbcStream`]) is RustCrypto's `aes` 0.8 /
 //! `cbc` 0.1 / `cipher` 0.4 (AES-NI when the CPU has it, a constant-time
@@ -26,7 +26,8 @@
 //! here prints key material in its `Debug` output.
 //!
 //! `unsafe` code (SIMD intrinsics) lives only in the modules
-//! `key_schedule`, `cbc_lanes` and `cbc_decrypt`.
+//! `key_schedule`, `cbc_lanes`, `cbc_decrypt`, `mac::sha_lanes` and
+//! `mac::avx512_x16`.
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
