@@ -464,9 +464,10 @@ pub fn init_logging() {
         .init();
 }
 
-/// Makes the process-wide multi-buffer AES engine choice now, before any
-/// queue worker runs, and logs it (`algorithms::AES_ENGINE_ENV`).
-fn log_aes_engine() {
+/// Makes the process-wide engine choices now, before any queue worker
+/// runs, and logs them (`algorithms::AES_ENGINE_ENV`,
+/// `algorithms::SHA_ENGINE_ENV`).
+fn log_engines() {
     let choice = algorithms::aes_engine_choice();
     if choice.ignored {
         let runs: Vec<&str> = algorithms::AesEngine::available()
@@ -482,6 +483,19 @@ fn log_aes_engine() {
         );
     }
     info!("multi-buffer AES-CBC engine: {}", choice.engine);
+    let sha = algorithms::sha_engine();
+    let requested = std::env::var(algorithms::SHA_ENGINE_ENV).ok();
+    if requested.as_deref().is_some_and(|r| r.trim() != sha.name()) {
+        let runs: Vec<&str> = algorithms::ShaEngine::available().map(|e| e.name()).collect();
+        warn!(
+            "{}={:?} names no SHA engine this CPU runs (it runs: {}); using {}",
+            algorithms::SHA_ENGINE_ENV,
+            requested.as_deref().unwrap_or_default(),
+            runs.join(", "),
+            sha.name()
+        );
+    }
+    info!("HMAC engine: {}", sha.name());
 }
 
 /// Runs the daemon forever: check the seccomp filter (unless off), bind,
@@ -510,7 +524,7 @@ pub fn run(config: &Config) -> Result<(), Error> {
     } else {
         warn!("--seccomp off: queue workers run without a syscall filter");
     }
-    log_aes_engine();
+    log_engines();
     info!("listening on {}", config.socket_path.display());
     loop {
         if let Err(e) = serve_one(&listener, config, filter.as_ref()) {
