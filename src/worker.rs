@@ -57,7 +57,7 @@ pub const MAX_BATCH: u16 = 64;
 /// of guest data ([`crate::crypto::Completion::work`], plus
 /// [`DESCRIPTOR_WORK`] for each descriptor of a long chain; checked after
 /// each request or group of lanes): with 16 KiB requests, the driver gets
-/// each group of 8 as soon as it is done, and a batch holds the worker's
+/// each group of lanes (16) as soon as it is done, and a batch holds the worker's
 /// locks for about this many bytes of cipher and MAC work plus one
 /// request and one group of lanes (lanes count when they run), whatever
 /// the used lengths (a failed digest check hashes all of its src and
@@ -139,6 +139,9 @@ pub struct BatchResult {
 impl QueueWorker {
     /// A worker using `sessions`, applying `limits` to every request.
     pub fn new(sessions: SessionTable, limits: RequestLimits) -> Self {
+        // The process-wide engine choices read the environment, which
+        // allocates: make them here, not on the first batch.
+        let _ = (algorithms::aes_engine(), algorithms::sha_engine());
         QueueWorker {
             sessions,
             event_idx: false,
