@@ -444,7 +444,8 @@ fn failed_digest_checks_count_their_hashed_bytes_towards_the_batch_byte_cap() {
 /// Chained requests that succeed count their cipher and their MAC bytes
 /// towards the batch byte cap: 24 encrypt + HMAC-SHA-256 requests of 4 KiB,
 /// the MAC over all of it, count 8 KiB each, so they come in batches of
-/// 8 (by used lengths, 4,129 bytes each, they came in batches of 16).
+/// 8 (by used lengths, 4,129 bytes each, they came in batches of 16). The
+/// hash result is cut in two descriptors, so each runs on its own.
 #[test]
 fn chained_requests_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
     let mut vm = Vm::new();
@@ -454,7 +455,8 @@ fn chained_requests_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
     const LEN: u32 = 4096;
     let src = rng.bytes(LEN as usize);
     let p = para((0, LEN), (0, LEN), 32);
-    let b = stage(&vm, &header(ENCRYPT, sid, LEN, p), &src, &[], 32);
+    let mut b = stage(&vm, &header(ENCRYPT, sid, LEN, p), &src, &[], 32);
+    b.splice(4..5, [w(DIGEST, 16), w(DIGEST + 16, 16)]);
     for _ in 0..24 {
         let head = vm.indirect(&b);
         vm.push(head);
@@ -464,6 +466,31 @@ fn chained_requests_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
     // The 24 share their buffers: each wrote the same output.
     let dst = expected_dst(true, &NIST_KEY, &src, &p);
     assert_alg_chain_ok(&vm, vm.used(23), &dst, &hmac(Mac::Sha256, &auth, &dst));
+}
+
+/// The same through the multi-buffer lanes, which count when their group
+/// of 16 (`algorithms::MAX_LANES`) runs: 64 requests of 1 KiB, the MAC
+/// over all of it, count 2 KiB each, so they come in batches of two
+/// groups, 32 and 32 (by used lengths, 1,057 bytes each, they came in one
+/// batch of 64).
+#[test]
+fn chained_lanes_count_cipher_and_mac_bytes_towards_the_batch_byte_cap() {
+    let mut vm = Vm::new();
+    let mut rng = Rng::new(11);
+    let auth = rng.bytes(32);
+    let sid = alg_chain_session(&mut vm, true, &NIST_KEY, Mac::Sha256, &auth, 32);
+    const LEN: u32 = 1024;
+    let src = rng.bytes(LEN as usize);
+    let p = para((0, LEN), (0, LEN), 32);
+    let b = stage(&vm, &header(ENCRYPT, sid, LEN, p), &src, &[], 32);
+    for _ in 0..64 {
+        let head = vm.indirect(&b);
+        vm.push(head);
+    }
+    let seen = vm.polling_batch_sizes();
+    assert_eq!(seen, vec![32, 32]);
+    let dst = expected_dst(true, &NIST_KEY, &src, &p);
+    assert_alg_chain_ok(&vm, vm.used(63), &dst, &hmac(Mac::Sha256, &auth, &dst));
 }
 
 /// One chained request of a batch, staged at its own 64 KiB: header at
