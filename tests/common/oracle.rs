@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! The independent reference: OpenSSL's AES-CBC and HMAC, which share no
-//! code with the daemon's `aes`, `cbc` and `ring`.
+//! code with the daemon's `aes`, `cbc`, `sha1`, `sha2` and `algorithms`.
 
 use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;

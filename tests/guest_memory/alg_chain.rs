@@ -5,10 +5,10 @@
 //! verified, and the batch byte cap's count of cipher and MAC bytes.
 //!
 //! Expected ciphertexts and MACs come from OpenSSL (`openssl::symm`,
-//! `openssl::sign`), which shares no code with `aes`/`cbc`/`ring`. The
-//! request layout is the spec's `virtio_crypto_alg_chain_data_vlf` as DPDK's
-//! guest driver sends it: header | IV | src (readable), dst | hash result |
-//! status (writable).
+//! `openssl::sign`), which shares no code with `aes`/`cbc`/`sha1`/`sha2`
+//! or the `algorithms` crate. The request layout is the spec's
+//! `virtio_crypto_alg_chain_data_vlf` as DPDK's guest driver sends it:
+//! header | IV | src (readable), dst | hash result | status (writable).
 
 use crate::common::*;
 use vhost_user_crypto::wire::session::SymSessionInfo;

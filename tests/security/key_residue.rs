@@ -2,8 +2,8 @@
 //! No copy of a closed session's key material is left anywhere in the
 //! daemon's memory: not on the heap (also the `security_heap` suite) and not
 //! on the stack of any of its threads, where moves and the cipher
-//! libraries leave copies that no value owns (round keys, the HMAC states,
-//! ring's padded HMAC key).
+//! libraries leave copies that no value owns (round keys, the HMAC
+//! states).
 //!
 //! The daemon runs as a child process; the test stops it (SIGSTOP), reads
 //! every private writable mapping of it through `/proc/<pid>/mem` (allowed
@@ -14,7 +14,7 @@
 //! HMAC-SHA1 and HMAC-SHA-256 inner and outer states after the key block
 //! (RFC 2104 with the FIPS 180-4 §6.1.2 and §6.2.2 compression functions),
 //! all checked here against the standards' examples and against live keys
-//! of the `aes` crate and `ring`. One session of each kind the data path
+//! of the `aes` crate and `algorithms::MacKey`. One session of each kind the data path
 //! has: encrypt through the multi-buffer lanes, decrypt, encrypt then MAC,
 //! verify then decrypt. While the sessions are live the same scan must
 //! find them (in the session tables), so the test cannot pass by not
@@ -256,7 +256,7 @@ fn sha256_compress(mut h: [u32; 8], block: &[u8; 64]) -> [u32; 8] {
 }
 
 /// An HMAC's hash state after the inner (0x36) or outer (0x5c) key block
-/// (RFC 2104 §2), as ring keeps it: the words in the machine's byte order
+/// (RFC 2104 §2), as `MacKey` keeps it: the words in the machine's byte order
 /// (checked against a live `MacKey` below).
 fn hmac_state(mac: Mac, key: &[u8], pad: u8) -> Vec<u8> {
     let mut block = [pad; 64];
@@ -376,7 +376,7 @@ fn the_derivations_match_the_standards_and_the_libraries() {
             for pad in [0x36, 0x5c] {
                 assert!(
                     find(bytes_of(&m), &hmac_state(mac, key, pad)) > 0,
-                    "{}: HMAC state {pad:#x} not in ring's key",
+                    "{}: HMAC state {pad:#x} not in the MacKey",
                     s.name
                 );
             }
