@@ -383,6 +383,8 @@ for REP in $(seq "$REPS"); do
     for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.05; done
     [ -S "$SOCK" ] || { cat "$TMP/daemon.log" >&2; echo "compare.sh: daemon did not start" >&2; exit 1; }
     run_cells ours "$SOCK" "$DAEMON_PID"
+    # The engines the daemon chose for this CPU (its start-up log lines).
+    ENGINES=$(sed -n 's/.*\(multi-buffer AES-CBC engine\|HMAC engine\): \(.*\)/\1: \2/p' "$TMP/daemon.log" | paste -sd',' - | sed 's/,/, /g')
     kill "$DAEMON_PID"; wait "$DAEMON_PID" 2>/dev/null || true
     DAEMON_PID=""
 
@@ -452,11 +454,13 @@ python3 "$ROOT/tools/bench/compare_report.py" \
         --arg host "$(uname -n) $(nproc) CPUs $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
         --arg cpu "$(awk -F': *' '/^cpu family/{f=$2} /^model\t/{m=$2} /^stepping/{s=$2} END{printf "family %s model %s stepping %s", f, m, s}' /proc/cpuinfo)" \
         --arg ipsecmb "$(dpkg-query -W -f '${Version}' libipsec-mb1 2>/dev/null || echo unknown)" \
+        --arg engines "${ENGINES:-unknown}" \
+        --arg flags "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'aes|vaes|vpclmulqdq|avx2|avx512f|avx512bw|avx512vl|sha_ni' | paste -sd' ' -)" \
         --argjson secs "$((END - START))" --arg date "$(date -u +%FT%TZ)" \
         --arg placement "$PLACEMENT" --argjson near "$NEAR_MIN_NS" --argjson far "$FAR_NS" --argjson wait "$PLACEMENT_WAIT" --argjson tries "$PLACEMENT_TRIES" \
         --arg cells "$CELLS" \
         --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,cells:$cells,placement:$placement,near_min_rtt_ns:$near,far_rtt_ns:$far,placement_wait_s:$wait,placement_tries:$tries,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
-          host:$host,cpu:$cpu,ipsec_mb:$ipsecmb,wall_s:$secs,date:$date,
+          host:$host,cpu:$cpu,ipsec_mb:$ipsecmb,engines:$engines,cpu_flags:$flags,wall_s:$secs,date:$date,
           ours:"taskset -c 1 vhost-user-crypto --socket-path SOCK; taskset -c 0 vhost-crypto-replay --socket SOCK --json --queue-size 1024 --queue-depth D --repeat K TRACE",
           dpdk:"tools/bench/dpdk-vhost-crypto.sh run SOCK (CPU 1); taskset -c 0 vhost-crypto-replay --socket SOCK --dpdk --json --queue-size 1024 --queue-depth D --repeat K TRACE",
           openssl:"taskset -c 1 openssl speed -evp aes-128-cbc -bytes N -seconds S",

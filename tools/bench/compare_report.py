@@ -199,6 +199,10 @@ def main():
             f"machine: {meta.get('host', 'n/a')}, {meta.get('cpu', 'n/a')};"
             f" libipsec-mb {meta.get('ipsec_mb', 'n/a')}; commit {meta.get('commit', 'n/a')}, {meta.get('date', 'n/a')}"
         )
+        lines.append(
+            f"ours' engines: {meta.get('engines', 'n/a')}; CPU flags that pick engines"
+            f" (ours and intel-ipsec-mb's): {meta.get('cpu_flags', 'n/a')}"
+        )
 
     # The targets of docs/PERFORMANCE.md.
     targets = []
