@@ -16,6 +16,11 @@
 //! Slots of the last register that no message fills repeat the first
 //! message left, chaining value included, so they compute and store exactly
 //! its ciphertext again (the same bytes to the same place).
+//!
+//! When the messages' buffers start at addresses that put block *j* of
+//! many of them in one L1 cache set (page-aligned guest buffers), message
+//! *k* starts *k* steps late, so that the messages spread over several
+//! sets; the segments then also begin where a message starts.
 
 #![allow(unsafe_code)]
 
@@ -76,19 +81,27 @@ pub(crate) fn encrypt_vaes256(rk: &RoundKeys, lanes: &mut [Lane<'_>]) -> bool {
 /// The CPU has the target features `kernel` needs.
 unsafe fn run(rk: &RoundKeys, lanes: &mut [Lane<'_>], per_reg: usize, kernel: Kernel) {
     let n = lanes.len().min(MAX_LANES);
+    // Skewed starts when the lanes' blocks would share L1 cache sets.
+    let skew = if crate::sets_collide(&mut lanes[..n]) {
+        SKEW_BLOCKS
+    } else {
+        0
+    };
     let mut src = [std::ptr::null::<u8>(); MAX_LANES];
     let mut dst = [std::ptr::null_mut::<u8>(); MAX_LANES];
-    let mut left = [0usize; MAX_LANES];
+    // Lane i runs from step start[i] to step end[i] (exclusive).
+    let mut start = [0usize; MAX_LANES];
+    let mut end = [0usize; MAX_LANES];
     let mut state = [[0u8; AES_BLOCK_SIZE]; MAX_LANES];
-    let mut active = [0usize; MAX_LANES];
-    let mut na = 0;
+    let mut nonempty = 0;
     for (i, l) in lanes[..n].iter_mut().enumerate() {
-        left[i] = l.buf.len() / AES_BLOCK_SIZE;
+        let blocks = l.buf.len() / AES_BLOCK_SIZE;
         state[i] = l.iv;
         (src[i], dst[i]) = l.buf.reborrow().into_raw();
-        if left[i] > 0 {
-            active[na] = i;
-            na += 1;
+        if blocks > 0 {
+            start[i] = nonempty * skew;
+            end[i] = start[i] + blocks;
+            nonempty += 1;
         }
     }
     let mut slots = Slots {
@@ -96,33 +109,47 @@ unsafe fn run(rk: &RoundKeys, lanes: &mut [Lane<'_>], per_reg: usize, kernel: Ke
         dst: [std::ptr::null_mut(); MAX_LANES],
         state: [[0; AES_BLOCK_SIZE]; MAX_LANES],
     };
-    while na > 0 {
-        let steps = active[..na].iter().map(|&i| left[i]).min().unwrap_or(0);
-        let regs = na.div_ceil(per_reg);
-        for s in 0..regs * per_reg {
-            let i = active[if s < na { s } else { 0 }];
-            slots.src[s] = src[i];
-            slots.dst[s] = dst[i];
-            slots.state[s] = state[i];
-        }
-        // SAFETY: every slot's lane has `steps` blocks or more left at
-        // its pointers (InOutBuf's in and out are equal or disjoint), and
-        // the CPU runs `kernel` (the contract of `run`).
-        unsafe { kernel(rk, &mut slots, regs, steps) };
-        let mut still = 0;
-        for s in 0..na {
-            let i = active[s];
-            state[i] = slots.state[s];
-            left[i] -= steps;
-            // In bounds (or one past the end) of lane i's buffers.
-            src[i] = src[i].wrapping_add(steps * AES_BLOCK_SIZE);
-            dst[i] = dst[i].wrapping_add(steps * AES_BLOCK_SIZE);
-            if left[i] > 0 {
-                active[still] = i;
-                still += 1;
+    let mut active = [0usize; MAX_LANES];
+    let mut t = 0;
+    loop {
+        // The lanes running at step t, and the next step at which one
+        // starts or ends.
+        let mut na = 0;
+        let mut next = usize::MAX;
+        for i in 0..n {
+            if start[i] <= t && t < end[i] {
+                active[na] = i;
+                na += 1;
+                next = next.min(end[i]);
+            } else if start[i] > t {
+                next = next.min(start[i]);
             }
         }
-        na = still;
+        if next == usize::MAX {
+            break;
+        }
+        let steps = next - t;
+        if na > 0 {
+            let regs = na.div_ceil(per_reg);
+            for s in 0..regs * per_reg {
+                let i = active[if s < na { s } else { 0 }];
+                slots.src[s] = src[i];
+                slots.dst[s] = dst[i];
+                slots.state[s] = state[i];
+            }
+            // SAFETY: every slot's lane runs to at least step `next`, so
+            // it has `steps` blocks or more left at its pointers
+            // (InOutBuf's in and out are equal or disjoint), and the CPU
+            // runs `kernel` (the contract of `run`).
+            unsafe { kernel(rk, &mut slots, regs, steps) };
+            for (s, &i) in active[..na].iter().enumerate() {
+                state[i] = slots.state[s];
+                // In bounds (or one past the end) of lane i's buffers.
+                src[i] = src[i].wrapping_add(steps * AES_BLOCK_SIZE);
+                dst[i] = dst[i].wrapping_add(steps * AES_BLOCK_SIZE);
+            }
+        }
+        t = next;
     }
     for (l, s) in lanes[..n].iter_mut().zip(&state) {
         l.iv = *s;
@@ -132,6 +159,12 @@ unsafe fn run(rk: &RoundKeys, lanes: &mut [Lane<'_>], per_reg: usize, kernel: Ke
     state.zeroize();
     slots.state.zeroize();
 }
+
+/// Steps by which each lane starts after the one before when their
+/// blocks would share L1 cache sets (see `sets_collide` in the crate
+/// root): one block, so four lanes share a 64-byte line's offset and 16
+/// lanes spread over four sets.
+const SKEW_BLOCKS: usize = 1;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
