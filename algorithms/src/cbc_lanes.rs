@@ -19,8 +19,9 @@
 //!
 //! When the messages' buffers start at addresses that put block *j* of
 //! many of them in one L1 cache set (page-aligned guest buffers), message
-//! *k* starts *k* steps late, so that the messages spread over several
-//! sets; the segments then also begin where a message starts.
+//! *k* starts *k* × 1, 2 or 4 steps late (`choose_skew`), so that the
+//! messages spread over several sets; the segments then also begin where a
+//! message starts.
 
 #![allow(unsafe_code)]
 
@@ -81,12 +82,7 @@ pub(crate) fn encrypt_vaes256(rk: &RoundKeys, lanes: &mut [Lane<'_>]) -> bool {
 /// The CPU has the target features `kernel` needs.
 unsafe fn run(rk: &RoundKeys, lanes: &mut [Lane<'_>], per_reg: usize, kernel: Kernel) {
     let n = lanes.len().min(MAX_LANES);
-    // Skewed starts when the lanes' blocks would share L1 cache sets.
-    let skew = if crate::sets_collide(&mut lanes[..n]) {
-        SKEW_BLOCKS
-    } else {
-        0
-    };
+    let skew = choose_skew(&mut lanes[..n]);
     let mut src = [std::ptr::null::<u8>(); MAX_LANES];
     let mut dst = [std::ptr::null_mut::<u8>(); MAX_LANES];
     // Lane i runs from step start[i] to step end[i] (exclusive).
@@ -160,11 +156,52 @@ unsafe fn run(rk: &RoundKeys, lanes: &mut [Lane<'_>], per_reg: usize, kernel: Ke
     slots.state.zeroize();
 }
 
-/// Steps by which each lane starts after the one before when their
-/// blocks would share L1 cache sets (see `sets_collide` in the crate
-/// root): one block, so four lanes share a 64-byte line's offset and 16
-/// lanes spread over four sets.
-const SKEW_BLOCKS: usize = 1;
+/// Steps by which each nonempty lane starts after the one before: 0 when
+/// the lanes are short (under 32 blocks: the ramp would cost more than it
+/// saves) or their streams already spread over the L1 sets; otherwise the
+/// smallest of 1, 2 and 4 blocks that leaves at most
+/// [`MAX_STREAMS_PER_SET`] input and output streams in any set (64-byte
+/// lines, 64 sets), or failing that the one with the fewest.
+fn choose_skew(lanes: &mut [Lane<'_>]) -> usize {
+    if lanes.iter().all(|l| l.buf.len() < 32 * AES_BLOCK_SIZE) {
+        return 0;
+    }
+    let mut streams = [(0usize, 0usize); MAX_LANES];
+    let mut m = 0;
+    for l in lanes.iter_mut().filter(|l| !l.buf.is_empty()) {
+        let (i, o) = l.buf.reborrow().into_raw();
+        streams[m] = (i as usize, o as usize);
+        m += 1;
+    }
+    // Most streams in one set if lane k starts k * skew blocks late (its
+    // block j then sits where block j + k * skew would without skew).
+    let crowd = |skew: usize| {
+        let mut per_set = [0u8; 64];
+        for (k, &(i, o)) in streams[..m].iter().enumerate() {
+            let back = k * skew * AES_BLOCK_SIZE;
+            per_set[(i.wrapping_sub(back) >> 6) & 63] += 1;
+            if o != i {
+                per_set[(o.wrapping_sub(back) >> 6) & 63] += 1;
+            }
+        }
+        usize::from(per_set.into_iter().max().unwrap_or(0))
+    };
+    let mut best = (crowd(0), 0);
+    for skew in [1, 2, 4] {
+        if best.0 <= MAX_STREAMS_PER_SET {
+            break;
+        }
+        let c = crowd(skew);
+        if c < best.0 {
+            best = (c, skew);
+        }
+    }
+    best.1
+}
+
+/// Streams per L1 set above which [`choose_skew`] looks for a skew: half
+/// the ways of an 8-way L1 data cache.
+const MAX_STREAMS_PER_SET: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
