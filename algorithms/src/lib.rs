@@ -208,9 +208,12 @@ impl CbcStream<'_> {
             return Err(Error::InvalidBufferLength(len));
         }
         if let Inner::DecVaes512(rk, iv) = &mut self.inner {
-            // `aes_engine()` is Vaes512 only on a CPU that runs it.
-            let _ = cbc_decrypt::decrypt_vaes512_inout(rk, iv, buf);
-            return Ok(());
+            // `aes_engine()` is Vaes512 only on a CPU that runs it, so the
+            // error is not reached.
+            return match cbc_decrypt::decrypt_vaes512_inout(rk, iv, buf) {
+                true => Ok(()),
+                false => Err(Error::EngineUnavailable(AesEngine::Vaes512.name())),
+            };
         }
         let (blocks, _) = buf.into_chunks::<U16>();
         match &mut self.inner {

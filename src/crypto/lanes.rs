@@ -147,26 +147,30 @@ fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
         for l in lanes.iter().flatten() {
             copy_outside_cipher(l);
         }
-        let mut multi: [Lane<'_>; MAX_LANES] = std::array::from_fn(|_| Lane {
-            iv: [0; 16],
-            buf: InOutBuf::from(<&mut [u8]>::default()),
-        });
-        let mut used = 0;
-        for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
-            used += 1;
-            *m = lane(l);
-        }
-        // Lengths are whole blocks and there are at most MAX_LANES lanes.
-        let _ = cbc_encrypt_multi(key, &mut multi[..used]);
+        let encrypted = {
+            let mut multi: [Lane<'_>; MAX_LANES] = std::array::from_fn(|_| Lane {
+                iv: [0; 16],
+                buf: InOutBuf::from(<&mut [u8]>::default()),
+            });
+            let mut used = 0;
+            for (m, l) in multi.iter_mut().zip(lanes.iter().flatten()) {
+                used += 1;
+                *m = lane(l);
+            }
+            // Lengths are whole blocks and there are at most MAX_LANES
+            // lanes, so it does not fail; if it did, the requests would
+            // complete with ERR, not OK.
+            cbc_encrypt_multi(key, &mut multi[..used]).is_ok()
+        };
         for l in lanes.iter_mut().flatten() {
-            l.verified = true;
+            l.verified = encrypted;
         }
-        if let Some(mac_key) = mac_key {
+        if let (Some(mac_key), true) = (mac_key, encrypted) {
             let mut jobs = mac_jobs(mac_key);
             let n = fill_mac_jobs(lanes, &mut jobs, |l| l.dst);
             mac_multi(&mut jobs[..n]);
-            let chained = lanes.iter().flatten().filter_map(|l| l.mac.as_ref());
-            for (m, j) in chained.zip(&jobs[..n]) {
+            let with_mac = lanes.iter().flatten().filter_map(|l| l.mac.as_ref());
+            for (m, j) in with_mac.zip(&jobs[..n]) {
                 // SAFETY: the hash result is mapped for digest_len bytes of
                 // device-writable memory (checked in `prepare`), and no
                 // mutable slice of guest memory is alive (the jobs' data
@@ -180,9 +184,12 @@ fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
         let mut jobs = mac_jobs(mac_key);
         let n = fill_mac_jobs(lanes, &mut jobs, |l| l.src);
         mac_multi(&mut jobs[..n]);
+        // The tags move out of the jobs (which borrow the lanes); both
+        // copies are zeroized.
         let mut tags = [[0u8; MAX_MAC_LEN]; MAX_LANES];
-        for (t, j) in tags.iter_mut().zip(&jobs[..n]) {
+        for (t, j) in tags.iter_mut().zip(jobs[..n].iter_mut()) {
             *t = j.tag;
+            zeroize::Zeroize::zeroize(&mut j.tag);
         }
         for (l, t) in lanes
             .iter_mut()
@@ -203,9 +210,11 @@ fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
             if l.verified {
                 copy_outside_cipher(l);
                 let mut one = lane(l);
-                let _ = key
+                // Whole blocks: it does not fail (ERR if it did).
+                l.verified = key
                     .start(Direction::Decrypt, &one.iv)
-                    .process_inout(one.buf.reborrow());
+                    .process_inout(one.buf.reborrow())
+                    .is_ok();
             }
         }
         zeroize::Zeroize::zeroize(&mut tags);
@@ -213,9 +222,9 @@ fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
     for l in lanes.iter().flatten() {
         let s = if l.verified { Status::Ok } else { Status::Err };
         // SAFETY: the status pointer is the mapped last writable byte of
-        // this request's chain, outside its dst bytes; the lanes' slices
-        // are gone (a status byte inside another request's buffers only
-        // changes that request's output bytes).
+        // this request's chain, written through a raw pointer after every
+        // lane's slices are gone (a status byte that a guest made alias
+        // some request's buffers only changes that request's output).
         unsafe { ptr::write_volatile(l.status, s as u8) };
     }
 }
@@ -241,8 +250,8 @@ fn fill_mac_jobs<'a>(
     base: impl Fn(&LaneReq<'_>) -> *const u8,
 ) -> usize {
     let mut n = 0;
-    let chained = lanes.iter().flatten().filter_map(|l| Some((l, l.mac.as_ref()?)));
-    for (j, (l, m)) in jobs.iter_mut().zip(chained) {
+    let with_mac = lanes.iter().flatten().filter_map(|l| Some((l, l.mac.as_ref()?)));
+    for (j, (l, m)) in jobs.iter_mut().zip(with_mac) {
         // SAFETY: the hash range lies inside src and dst (checked by
         // `check_alg_chain`), both mapped while the memory guard is held;
         // no mutable slice of them is alive while the jobs run. The guest
@@ -452,5 +461,78 @@ mod tests {
         l.insert(1, None);
         assert!(lanes_overlap(&l));
         assert!(!lanes_overlap(&[None, None]));
+    }
+
+    /// AlgChain lanes at fake addresses: (src, dst, hash result) of
+    /// 64-byte buffers with a 12-byte digest.
+    fn alg_chain_lanes<'k>(
+        key: &'k AesCbcKey,
+        mac: &'k MacKey,
+        bufs: &[(usize, usize, usize)],
+    ) -> Vec<Option<LaneReq<'k>>> {
+        let plain = lanes(key, &bufs.iter().map(|&(s, d, _)| (s, d)).collect::<Vec<_>>());
+        plain
+            .into_iter()
+            .zip(bufs)
+            .map(|(l, &(_, _, g))| {
+                let mut l = l.expect("a lane");
+                l.mac = Some(LaneMac {
+                    key: mac,
+                    digest: g as *mut u8,
+                    hash_off: 0,
+                    hash_len: 64,
+                });
+                Some(l)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lanes_overlap_where_a_hash_result_meets_another_lane() {
+        let key = AesCbcKey::new(&[7; 16]).unwrap();
+        let mac = MacKey::new(algorithms::MacAlg::HmacSha1, &[9; 20], 12).unwrap();
+        let k = 0x10000;
+        // (what, (src, dst, hash result) of each lane, whether they overlap)
+        type Case = (&'static str, Vec<(usize, usize, usize)>, bool);
+        let cases: [Case; 7] = [
+            (
+                "ascending, each digest after its dst",
+                vec![(k, k, k + 64), (k + 128, k + 128, k + 192)],
+                false,
+            ),
+            (
+                "descending, apart",
+                vec![(k + 128, k + 128, k + 192), (k, k, k + 64)],
+                false,
+            ),
+            (
+                "a digest is the other lane's src",
+                vec![(k + 4096, k + 8192, k), (k, k + 128, k + 200)],
+                true,
+            ),
+            (
+                "the same digest twice",
+                vec![(k + 4096, k + 4096, k), (k + 8192, k + 8192, k)],
+                true,
+            ),
+            (
+                "a digest inside the other lane's dst",
+                vec![(k + 4096, k + 4096, k + 8192 + 20), (k, k + 8192, k + 300)],
+                true,
+            ),
+            (
+                "a digest meets the other digest by one byte",
+                vec![(k + 4096, k + 4096, k + 11), (k + 8192, k + 8192, k)],
+                true,
+            ),
+            (
+                "a digest just after the other lane's dst",
+                vec![(k + 4096, k + 4096, k + 8192 + 64), (k, k + 8192, k + 300)],
+                false,
+            ),
+        ];
+        for (what, bufs, want) in cases {
+            assert_eq!(lanes_overlap(&alg_chain_lanes(&key, &mac, &bufs)), want, "{what}");
+        }
     }
 }

@@ -635,3 +635,68 @@ fn batches_of_chained_requests_match_openssl() {
         }
     }
 }
+
+/// Chained requests of one batch whose buffers a guest made meet run one
+/// at a time in avail order, as if each batch held one request: request
+/// 0's hash result is the start of request 1's src (in place), so request
+/// 1 encrypts and MACs its src with request 0's digest in it; requests 1
+/// and 2 share their hash result, which ends with request 2's digest.
+#[test]
+fn chained_requests_whose_hash_results_meet_run_in_avail_order() {
+    let mut vm = Vm::new();
+    let mut rng = Rng::new(12);
+    let auth = rng.bytes(20);
+    let sid = alg_chain_session(&mut vm, true, &NIST_KEY, Mac::Sha1, &auth, 12);
+    let p = para((0, 256), (0, 256), 12);
+    let base = |k: u64| 0x100_0000 + k * 0x10000;
+    let shared = 0x180_0000;
+    vm.fill(shared, 64, CANARY);
+    let srcs: Vec<Vec<u8>> = (0..3).map(|_| rng.bytes(256)).collect();
+    for k in 0..3u64 {
+        let b = base(k);
+        vm.write(b, &header(ENCRYPT, sid, 256, p));
+        vm.write(b + 0x100, &NIST_IV);
+        vm.write(b + 0x1000, &srcs[k as usize]);
+        // Request 1 in place; request 0's digest at request 1's src.
+        let dst = if k == 1 { b + 0x1000 } else { b + 0x3000 };
+        let digest = if k == 0 { base(1) + 0x1000 } else { shared };
+        let bufs = [
+            r(b, 72),
+            r(b + 0x100, 16),
+            r(b + 0x1000, 256),
+            w(dst, 256),
+            w(digest, 12),
+            w(b + 0x6000, 1),
+        ];
+        let head = vm.chain(&bufs);
+        vm.push(head);
+    }
+    let dst0 = expected_dst(true, &NIST_KEY, &srcs[0], &p);
+    let tag0 = hmac(Mac::Sha1, &auth, &dst0)[..12].to_vec();
+    let mut src1 = srcs[1].clone();
+    src1[..12].copy_from_slice(&tag0);
+    let dst1 = expected_dst(true, &NIST_KEY, &src1, &p);
+    let dst2 = expected_dst(true, &NIST_KEY, &srcs[2], &p);
+    let tag2 = hmac(Mac::Sha1, &auth, &dst2)[..12].to_vec();
+    let used = vm.run_batch();
+    for (k, u) in used.iter().enumerate() {
+        assert_eq!(
+            (vm.byte(base(k as u64) + 0x6000), u.len),
+            (OK, 256 + 12 + 1),
+            "request {k}"
+        );
+    }
+    assert_eq!(vm.read(base(0) + 0x3000, 256), dst0, "request 0's dst");
+    assert_eq!(
+        vm.read(base(1) + 0x1000, 256),
+        dst1,
+        "request 1's dst, from its src with request 0's digest"
+    );
+    assert_eq!(vm.read(base(2) + 0x3000, 256), dst2, "request 2's dst");
+    assert_eq!(
+        vm.read(shared, 12),
+        tag2,
+        "the shared hash result: request 2's digest"
+    );
+    vm.assert_canary(shared + 12, 52);
+}
