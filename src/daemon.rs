@@ -293,14 +293,15 @@ pub const TEARDOWN_LIMIT: Duration = Duration::from_secs(10);
 pub const TEARDOWN_STUCK_EXIT: i32 = 3;
 
 /// The longest a connection's teardown may take in all: [`TEARDOWN_LIMIT`]
-/// plus the worst batch each worker may still be finishing
-/// (`algorithms::MAX_LANES` requests of `--max-request-bytes`) at a
-/// pessimistic 50 MB/s (single-stream HMAC-SHA1 runs at about 600 MB/s
-/// here). A frontend gone for good could otherwise keep a second worker
+/// plus the worst batch each worker may still be finishing (a group of
+/// `algorithms::MAX_LANES` AlgChain requests and the request that crosses
+/// the byte cap, each counting its cipher and its MAC: up to twice
+/// `--max-request-bytes`) at a pessimistic 50 MB/s (single-stream
+/// HMAC-SHA1 runs at about 1.3 GB/s here). A frontend gone for good could otherwise keep a second worker
 /// busy with kicks on an eventfd it still holds, and reset the
 /// no-CPU clock for ever.
 fn teardown_cap(config: &Config) -> Duration {
-    let batch = algorithms::MAX_LANES as f64 * f64::from(config.limits.max_request_bytes);
+    let batch = (2 * algorithms::MAX_LANES + 2) as f64 * f64::from(config.limits.max_request_bytes);
     TEARDOWN_LIMIT + Duration::from_secs_f64(config.queues as f64 * batch / 50e6)
 }
 
@@ -485,7 +486,10 @@ fn log_engines() {
     info!("multi-buffer AES-CBC engine: {}", choice.engine);
     let sha = algorithms::sha_engine();
     let requested = std::env::var(algorithms::SHA_ENGINE_ENV).ok();
-    if requested.as_deref().is_some_and(|r| r.trim() != sha.name()) {
+    if requested
+        .as_deref()
+        .is_some_and(|r| algorithms::ShaEngine::from_name(r) != Some(sha))
+    {
         let runs: Vec<&str> = algorithms::ShaEngine::available().map(|e| e.name()).collect();
         warn!(
             "{}={:?} names no SHA engine this CPU runs (it runs: {}); using {}",

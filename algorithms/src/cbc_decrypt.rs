@@ -6,7 +6,7 @@
 //! once: four registers of four consecutive blocks. The blocks each one is
 //! XORed with (`C_{j-1}`) come from the same loaded ciphertext shifted by
 //! one block (`VALIGNQ`), never from memory already overwritten, so the
-//! same code runs in place. The tail of 1 to 3 blocks runs on 128-bit
+//! same code runs in place. The tail of 1 to 15 blocks runs on 128-bit
 //! AES-NI. Decryption round keys are the encryption ones in reverse
 //! order, `AESIMC` (InvMixColumns) applied to all but the first and last
 //! (the Equivalent Inverse Cipher, FIPS 197 §5.3.5).

@@ -24,8 +24,11 @@
 //!
 //! Key material: the inner and outer states are each as good as the key.
 //! They are plain arrays inside [`MacKey`] and [`MacStream`] (no heap) and
-//! both types zeroize them when dropped; [`mac_multi`] wipes its copies on
-//! the stack before it returns. The raw key bytes are not kept.
+//! both types zeroize them when dropped; [`mac_multi`] zeroizes the copies
+//! it keeps in its own variables before it returns. Copies the SIMD
+//! kernels spill to the stack are left to the caller's stack wipe (the
+//! daemon wipes its worker stacks after a CLOSE and when a worker goes
+//! idle). The raw key bytes are not kept.
 
 use std::fmt;
 

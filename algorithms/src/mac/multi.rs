@@ -69,9 +69,12 @@ impl ShaEngine {
         }
     }
 
-    /// The engine called `name` (see [`ShaEngine::name`]).
+    /// The engine called `name` (see [`ShaEngine::name`]; ASCII case and
+    /// surrounding blanks ignored).
     pub fn from_name(name: &str) -> Option<ShaEngine> {
-        Self::ALL.into_iter().find(|e| e.name() == name)
+        Self::ALL
+            .into_iter()
+            .find(|e| e.name().eq_ignore_ascii_case(name.trim()))
     }
 
     /// Most messages the engine interleaves.
@@ -163,8 +166,9 @@ pub fn mac_multi(jobs: &mut [MacJob<'_>]) {
     mac_multi_with(sha_engine(), jobs);
 }
 
-/// [`mac_multi`] with the given engine ([`ShaEngine::Portable`] if this
-/// CPU cannot run it). Batches longer than [`MAX_MAC_LANES`] are taken
+/// [`mac_multi`] with the given engine. On a CPU that cannot run it:
+/// two interleaved SHA-NI streams for [`ShaEngine::Avx512X16`] without
+/// AVX-512, [`ShaEngine::Portable`] without SHA-NI. Batches longer than [`MAX_MAC_LANES`] are taken
 /// [`MAX_MAC_LANES`] jobs at a time. [`ShaEngine::Avx512X16`] hands fewer
 /// than six messages of one algorithm to two interleaved
 /// SHA-NI streams when the CPU has SHA-NI.

@@ -40,7 +40,7 @@ impl ShaNi {
     /// SHA-1 compression of `blocks` blocks from each lane's data into its
     /// state. Panics if a lane's data is shorter than `blocks * 64` bytes.
     pub(crate) fn sha1<const N: usize>(self, states: &mut [[u32; 8]; N], data: [&[u8]; N], blocks: usize) {
-        assert!(data.iter().all(|d| d.len() >= blocks * 64));
+        assert!(data.iter().all(|d| blocks <= d.len() / 64));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `ShaNi` exists only when the CPU has the features the
         // kernel is compiled for, and every lane holds `blocks` whole blocks
@@ -52,7 +52,7 @@ impl ShaNi {
 
     /// SHA-256 compression, as [`ShaNi::sha1`].
     pub(crate) fn sha256<const N: usize>(self, states: &mut [[u32; 8]; N], data: [&[u8]; N], blocks: usize) {
-        assert!(data.iter().all(|d| d.len() >= blocks * 64));
+        assert!(data.iter().all(|d| blocks <= d.len() / 64));
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as in `sha1`.
         unsafe {
