@@ -47,14 +47,14 @@ const SESSIONS: [Sess; 4] = [
         key: b"\x5e\xc1\x3e\x70residue-k1\x0f\x19",
         decrypt: false,
         mac: None,
-        requests: 8, // fills the lanes
+        requests: 16, // fills the lanes (32 requests in all: the queue depth)
     },
     Sess {
         name: "chain",
         key: b"\xa7\x42\x90\x1bresidue-k2\x6d\xe3",
         decrypt: false,
         mac: Some((Mac::Sha1, b"\x3c\x8d\x21\xf4residue-hmac-key")),
-        requests: 1,
+        requests: 8, // six or more take the 16-lane MAC kernels
     },
     Sess {
         name: "decrypt",
@@ -71,7 +71,7 @@ const SESSIONS: [Sess; 4] = [
             Mac::Sha256,
             b"\xd5\x6e\x17\x8bresidue-hmac-sha256-key\x42\x99\xc1\x0e\x5d",
         )),
-        requests: 1,
+        requests: 6,
     },
 ];
 const IV: [u8; 16] = [0x24; 16];
