@@ -92,7 +92,7 @@ impl LaneReq<'_> {
 
     /// The completion once [`run_lanes`] has run it: used length
     /// `dst_data_len + hash_result_len + 1` and OK, or 1 and ERR on a
-    /// digest mismatch (as [`super::alg_chain::run_alg_chain`]).
+    /// digest mismatch (as `run_alg_chain` gives).
     pub fn completion(&self) -> Completion {
         let hashed = self.mac.as_ref().map_or(0, |m| m.hash_len) as u64;
         if self.verified {
