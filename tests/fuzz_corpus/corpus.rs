@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::common;
-use crate::harness::{queue, seeds, session};
+use crate::harness::{engines, queue, seeds, session};
 use algorithms::Direction;
 
 /// OpenSSL's AES-CBC (no padding, [`common::oracle`]) as the `queue`
@@ -88,6 +88,46 @@ fn session_seeds_are_in_the_corpus_and_round_trip() {
 }
 
 #[test]
+fn engines_seeds_are_in_the_corpus_and_round_trip() {
+    let seeds = seeds::engines_seeds();
+    let mut encoded = Vec::new();
+    for (name, p) in &seeds {
+        let bytes = p.encode();
+        assert_eq!(
+            &engines::EnginesProgram::decode(&bytes),
+            p,
+            "seed {name} round trip"
+        );
+        encoded.push((*name, bytes));
+    }
+    check_seed_files("engines", &encoded);
+}
+
+#[test]
+fn replay_engines_corpus() {
+    let mut total = engines::Outcome::default();
+    let files = corpus_files("engines");
+    for f in &files {
+        let data = fs::read(f).expect("read corpus file");
+        let o = engines::run(&data);
+        total.lanes_encrypted += o.lanes_encrypted;
+        total.lanes_decrypted += o.lanes_decrypted;
+        total.bytes += o.bytes;
+        total.tags += o.tags;
+        total.vaes_decrypts += o.vaes_decrypts;
+    }
+    eprintln!("engines corpus: {} files, {total:?}", files.len());
+    // Not vacuous: lanes and tags on every engine were checked against
+    // RustCrypto.
+    assert!(files.len() >= 4);
+    let aes_engines = algorithms::AesEngine::available().len() as u64;
+    let sha_engines = algorithms::ShaEngine::available().count() as u64;
+    assert!(total.lanes_encrypted >= 28 * aes_engines, "{total:?}");
+    assert!(total.lanes_decrypted >= 28, "{total:?}");
+    assert!(total.tags >= 33 * (sha_engines + 1), "{total:?}");
+}
+
+#[test]
 fn replay_queue_corpus() {
     let mut total = queue::Outcome::default();
     let files = corpus_files("queue");
@@ -137,10 +177,11 @@ fn arbitrary_bytes_decode_and_run() {
     for i in &inputs {
         queue::run_with(i, openssl_reference);
         session::run(i);
+        engines::run(i);
     }
 }
 
-/// `FUZZ_REPLAY=<file> [FUZZ_TARGET=queue|session] cargo test --test
+/// `FUZZ_REPLAY=<file> [FUZZ_TARGET=queue|session|engines] cargo test --test
 /// fuzz_corpus replay_one -- --ignored --nocapture` prints the decoded
 /// program of one input (a crash artifact, say) and runs it. A tool, not a
 /// check: ignored unless asked for.
@@ -149,7 +190,10 @@ fn arbitrary_bytes_decode_and_run() {
 fn replay_one() {
     let path = std::env::var_os("FUZZ_REPLAY").expect("FUZZ_REPLAY=<file> names the input to replay");
     let data = fs::read(&path).expect("read FUZZ_REPLAY");
-    if std::env::var("FUZZ_TARGET").as_deref() == Ok("session") {
+    if std::env::var("FUZZ_TARGET").as_deref() == Ok("engines") {
+        eprintln!("{:#?}", engines::EnginesProgram::decode(&data));
+        eprintln!("{:?}", engines::run(&data));
+    } else if std::env::var("FUZZ_TARGET").as_deref() == Ok("session") {
         eprintln!("{:#?}", session::SessionProgram::decode(&data));
         eprintln!("{:?}", session::run(&data));
     } else {

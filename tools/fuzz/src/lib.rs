@@ -8,12 +8,14 @@
 //! are therefore relative (`super::`), never `crate::`.
 //!
 //! * [`reader`]: byte decoding (any input is valid) and the matching encoder;
+//! * [`engines`]: the `engines` target (the AES and SHA engines against RustCrypto);
 //! * [`queue`]: the `queue` target (descriptor rings through `QueueWorker::process`);
 //! * [`session`]: the `session` target (session messages, `handle_create`, the registry);
 //! * [`seeds`]: the seed corpus, built from the hostile-guest cases;
 //! * [`alloc`]: the counting allocator behind the zero-allocation check.
 
 pub mod alloc;
+pub mod engines;
 pub mod queue;
 pub mod reader;
 pub mod seeds;

@@ -12,6 +12,7 @@ use vhost_user_crypto::wire::virtio_crypto::{
     VIRTIO_CRYPTO_OP_ENCRYPT, VIRTIO_CRYPTO_SYM_OP_CIPHER,
 };
 
+use super::engines::{EnginesProgram, LaneSpec, MacSpec};
 use super::queue::{
     Addr, Gap, QOp, QueueProgram, RegionSpec, RequestSpec, RingPlace, SessionSpec, AKCIPHER_ENCRYPT,
     REGION0_SIZE,
@@ -665,6 +666,92 @@ pub fn session_seeds() -> Vec<(&'static str, SessionProgram)> {
                 SOp::CloseRaw(vec![1, 0, 0, 0, 0, 0, 0, 0]),
             ],
         ),
+    ));
+    v
+}
+
+/// Seeds of the `engines` target: NIST SP 800-38A F.2 keys and IV, lanes
+/// ragged and equal, in and out of place, and MAC jobs around the SHA
+/// padding boundaries (55/56/64/119/120 bytes) with keys shorter and
+/// longer than the 64-byte block.
+pub fn engines_seeds() -> Vec<(&'static str, EnginesProgram)> {
+    const K128: [u8; 16] = [
+        0x2b, 0x7e, 0x15, 0x16, 0x28, 0xae, 0xd2, 0xa6, 0xab, 0xf7, 0x15, 0x88, 0x09, 0xcf, 0x4f, 0x3c,
+    ];
+    let lane = |blocks: u16, out_of_place: bool, offset: u8, cut: u8| LaneSpec {
+        blocks,
+        out_of_place,
+        offset,
+        cut,
+        iv: NIST_IV,
+    };
+    let mac = |sha256: bool, key_len: usize, len: u16, digest_len: u8, cut: u8| MacSpec {
+        sha256,
+        key: (0..key_len).map(|i| i as u8).collect(),
+        len,
+        digest_len,
+        cut,
+    };
+    let data: Vec<u8> = PT.iter().cycle().take(4096).copied().collect();
+    let mut v = Vec::new();
+    v.push((
+        "nist-one-lane",
+        EnginesProgram {
+            key: K128.to_vec(),
+            lanes: vec![lane(4, false, 0, 0)],
+            macs: vec![mac(false, 20, 8, 20, 0), mac(true, 32, 50, 32, 0)],
+            data: PT.to_vec(),
+        },
+    ));
+    v.push((
+        "ragged-16-lanes",
+        EnginesProgram {
+            key: (0..32).collect(),
+            lanes: (0..16u16)
+                .map(|k| lane((k * 7) % 20, k % 3 == 0, k as u8 % 16, (k % 4) as u8))
+                .collect(),
+            macs: [0u16, 1, 55, 56, 63, 64, 65, 119, 120, 128, 200, 1000]
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    mac(
+                        i % 2 == 0,
+                        [0, 1, 64, 65, 200][i % 5],
+                        n,
+                        1 + (i as u8 % 20),
+                        i as u8 * 11,
+                    )
+                })
+                .collect(),
+            data: data.clone(),
+        },
+    ));
+    v.push((
+        "equal-8-lanes-out-of-place",
+        EnginesProgram {
+            key: (100..124).collect(),
+            lanes: (0..8).map(|k| lane(48, true, k, 5)).collect(),
+            macs: (0..16).map(|i| mac(true, 32, 256 + i * 64, 16, 0)).collect(),
+            data: data.clone(),
+        },
+    ));
+    v.push((
+        "long-and-empty",
+        EnginesProgram {
+            key: K128.to_vec(),
+            lanes: vec![
+                lane(0, false, 0, 0),
+                lane(600, false, 3, 17),
+                lane(0, true, 1, 0),
+                lane(33, true, 0, 1),
+            ],
+            macs: vec![
+                mac(false, 0, 5000, 12, 7),
+                mac(true, 0, 0, 1, 0),
+                mac(false, 200, 64, 20, 63),
+            ],
+            data,
+        },
     ));
     v
 }
