@@ -6,10 +6,11 @@
 //! once: four registers of four consecutive blocks. The blocks each one is
 //! XORed with (`C_{j-1}`) come from the same loaded ciphertext shifted by
 //! one block (`VALIGNQ`), never from memory already overwritten, so the
-//! same code runs in place. The tail of 1 to 15 blocks runs on 128-bit
-//! AES-NI. Decryption round keys are the encryption ones in reverse
-//! order, `AESIMC` (InvMixColumns) applied to all but the first and last
-//! (the Equivalent Inverse Cipher, FIPS 197 §5.3.5).
+//! same code runs in place. The tail of 1 to 15 blocks goes through the
+//! same four registers with masked loads and stores. Decryption round keys
+//! are the encryption ones in reverse order, `AESIMC` (InvMixColumns)
+//! applied to all but the first and last (the Equivalent Inverse Cipher,
+//! FIPS 197 §5.3.5).
 
 #![allow(unsafe_code)]
 
@@ -126,21 +127,44 @@ mod x86 {
             i += 16;
         }
         let mut prev = _mm512_extracti32x4_epi32::<3>(prev);
-        while i < blocks {
+        if i < blocks {
+            // The tail, 1 to 15 blocks, in the same four registers with
+            // masked loads and stores (a masked-out element is neither
+            // read nor written, and does not fault).
+            let left = blocks - i;
             let off = i * AES_BLOCK_SIZE;
-            // SAFETY: block i is within the `16 * blocks` bytes at `src`
-            // and `dst` (the contract); loaded before it is stored.
-            unsafe {
-                let c = _mm_loadu_si128(src.add(off).cast());
-                let mut x = _mm_xor_si128(c, dk1[0]);
-                for k in &dk1[1..NR] {
-                    x = _mm_aesdec_si128(x, *k);
+            let masks: [__mmask8; 4] = std::array::from_fn(|r| {
+                let n = left.saturating_sub(4 * r).min(4);
+                ((1u16 << (2 * n)) - 1) as __mmask8
+            });
+            // SAFETY: the masks select only blocks i..blocks, which are
+            // within the `16 * blocks` bytes at `src` (the contract); the
+            // pointers are only formed with `wrapping_add`.
+            let c: [__m512i; 4] = std::array::from_fn(|r| unsafe {
+                _mm512_maskz_loadu_epi64(masks[r], src.wrapping_add(off + 64 * r).cast())
+            });
+            let mut x = c.map(|c| _mm512_xor_si512(c, dk[0]));
+            for k in &dk[1..NR] {
+                for x in x.iter_mut() {
+                    *x = _mm512_aesdec_epi128(*x, *k);
                 }
-                let p = _mm_xor_si128(_mm_aesdeclast_si128(x, dk1[NR]), prev);
-                _mm_storeu_si128(dst.add(off).cast(), p);
-                prev = c;
             }
-            i += 1;
+            let before = [_mm512_broadcast_i32x4(prev), c[0], c[1], c[2]];
+            for r in 0..4 {
+                let chain = _mm512_alignr_epi64::<6>(c[r], before[r]);
+                let p = _mm512_xor_si512(_mm512_aesdeclast_epi128(x[r], dk[NR]), chain);
+                // SAFETY: as for the loads, for `dst`; all the tail's
+                // blocks were loaded before this first store.
+                unsafe { _mm512_mask_storeu_epi64(dst.wrapping_add(off + 64 * r).cast(), masks[r], p) };
+            }
+            // The chaining value: the tail's last ciphertext block.
+            let last = c[(left - 1) / 4];
+            prev = match (left - 1) % 4 {
+                0 => _mm512_extracti32x4_epi32::<0>(last),
+                1 => _mm512_extracti32x4_epi32::<1>(last),
+                2 => _mm512_extracti32x4_epi32::<2>(last),
+                _ => _mm512_extracti32x4_epi32::<3>(last),
+            };
         }
         // SAFETY: `iv` is 16 bytes.
         unsafe { _mm_storeu_si128(iv.as_mut_ptr().cast(), prev) };
