@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! Command-line arguments of the `vhost-user-crypto` daemon.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
@@ -21,6 +22,21 @@ pub enum SessionAbiArg {
     B,
     /// 1072 bytes (QEMU ≥ 8.1, DPDK ≥ 25.03).
     C,
+}
+
+/// What `--print-capabilities` prints: the backend type `crypto` of QEMU's
+/// vhost-user backend schema (`docs/interop/vhost-user.json`).
+pub const CAPABILITIES: &str = r#"{"type": "crypto"}"#;
+
+/// Whether `--print-capabilities` is among the arguments (the program
+/// name first; none after a `--`). QEMU's "Backend program conventions"
+/// (`docs/interop/vhost-user.rst`) have it print the capabilities and
+/// exit successfully, whatever else is given.
+pub fn wants_capabilities<I: IntoIterator<Item = OsString>>(args: I) -> bool {
+    args.into_iter()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--print-capabilities")
 }
 
 /// Whether the queue workers run under the seccomp allow-list.
@@ -44,6 +60,12 @@ pub struct Args {
     /// Unix socket to listen on; a stale socket file is replaced, one in use is refused.
     #[arg(long, value_name = "PATH")]
     pub socket_path: PathBuf,
+
+    /// Print the backend's capabilities as JSON (`{"type": "crypto"}`) and
+    /// exit 0, ignoring every other option (QEMU's vhost-user backend
+    /// program conventions).
+    #[arg(long)]
+    pub print_capabilities: bool,
 
     /// Number of data queues (QEMU: the cryptodev-vhost-user `queues=` property).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]

@@ -2,7 +2,7 @@
 //! `vhost-user-crypto`: see the library docs and README.
 
 use clap::Parser;
-use vhost_user_crypto::{args::Args, daemon, memory_check::helper};
+use vhost_user_crypto::{args, args::Args, daemon, memory_check::helper};
 
 fn main() {
     // The daemon runs its memory checks in a process of this binary.
@@ -15,6 +15,10 @@ fn main() {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         std::process::exit(helper::memory_check_helper_main(&rest));
+    }
+    if args::wants_capabilities(std::env::args_os()) {
+        println!("{}", args::CAPABILITIES);
+        return;
     }
     daemon::init_logging();
     let config = Args::parse().into();

@@ -17,7 +17,9 @@
 //! * [`sessions`]: session messages, floods and churn, ids across
 //!   connections;
 //! * [`lifecycle`]: disconnects, teardown, a waiting frontend, resources
-//!   left behind, start-up.
+//!   left behind, start-up;
+//! * [`conventions`]: QEMU's backend program conventions
+//!   (`--print-capabilities`, the discovery file).
 //!
 //! Each test spawns daemons of its own (`support::Daemon`: `RUST_LOG=warn`,
 //! the log printed when the test fails, killed by a watchdog after 240 s),
@@ -45,6 +47,7 @@ mod common;
 mod support;
 
 mod busy_rings;
+mod conventions;
 mod eventfds;
 mod handshake;
 mod lifecycle;
