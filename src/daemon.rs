@@ -469,37 +469,32 @@ pub fn init_logging() {
 /// runs, and logs them (`algorithms::AES_ENGINE_ENV`,
 /// `algorithms::SHA_ENGINE_ENV`).
 fn log_engines() {
-    let choice = algorithms::aes_engine_choice();
+    let aes = algorithms::aes_engine_choice();
+    let runs = algorithms::AesEngine::available().into_iter().map(|e| e.name());
+    warn_if_ignored(algorithms::AES_ENGINE_ENV, "AES", aes, aes.engine.name(), runs);
+    info!("multi-buffer AES-CBC engine: {}", aes.engine.name());
+    let sha = algorithms::sha_engine_choice();
+    let runs = algorithms::ShaEngine::available().map(|e| e.name());
+    warn_if_ignored(algorithms::SHA_ENGINE_ENV, "SHA", sha, sha.engine.name(), runs);
+    info!("HMAC engine: {}", sha.engine.name());
+}
+
+/// Warns when the engine variable `var` named no `kind` engine this CPU
+/// runs (`runs` lists those it does), so `using` was taken instead.
+fn warn_if_ignored<E>(
+    var: &str,
+    kind: &str,
+    choice: &algorithms::EngineChoice<E>,
+    using: &str,
+    runs: impl Iterator<Item = &'static str>,
+) {
     if choice.ignored {
-        let runs: Vec<&str> = algorithms::AesEngine::available()
-            .into_iter()
-            .map(|e| e.name())
-            .collect();
         warn!(
-            "{}={:?} names no AES engine this CPU runs (it runs: {}); using {}",
-            algorithms::AES_ENGINE_ENV,
+            "{var}={:?} names no {kind} engine this CPU runs (it runs: {}); using {using}",
             choice.requested.as_deref().unwrap_or_default(),
-            runs.join(", "),
-            choice.engine
+            runs.collect::<Vec<_>>().join(", "),
         );
     }
-    info!("multi-buffer AES-CBC engine: {}", choice.engine);
-    let sha = algorithms::sha_engine();
-    let requested = std::env::var(algorithms::SHA_ENGINE_ENV).ok();
-    if requested
-        .as_deref()
-        .is_some_and(|r| algorithms::ShaEngine::from_name(r) != Some(sha))
-    {
-        let runs: Vec<&str> = algorithms::ShaEngine::available().map(|e| e.name()).collect();
-        warn!(
-            "{}={:?} names no SHA engine this CPU runs (it runs: {}); using {}",
-            algorithms::SHA_ENGINE_ENV,
-            requested.as_deref().unwrap_or_default(),
-            runs.join(", "),
-            sha.name()
-        );
-    }
-    info!("HMAC engine: {}", sha.name());
 }
 
 /// Runs the daemon forever: check the seccomp filter (unless off), bind,

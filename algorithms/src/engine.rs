@@ -100,19 +100,24 @@ impl std::fmt::Display for AesEngine {
     }
 }
 
-/// The process-wide engine and how it was chosen.
+/// A process-wide engine (AES or SHA) and how it was chosen from its
+/// environment variable and the CPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AesEngineChoice {
-    /// The engine [`cbc_encrypt_multi`](crate::cbc_encrypt_multi) uses.
-    pub engine: AesEngine,
-    /// The value of [`AES_ENGINE_ENV`], if it was set.
+pub struct EngineChoice<E> {
+    /// The engine the process uses.
+    pub engine: E,
+    /// The value of the engine's environment variable, if it was set.
     pub requested: Option<String>,
-    /// True if [`AES_ENGINE_ENV`] was set but named no engine this CPU can
-    /// run, so [`AesEngine::detect`]'s choice was taken instead.
+    /// True if the variable was set but named no engine this CPU can run,
+    /// so the engine's `detect` choice was taken instead.
     pub ignored: bool,
 }
 
-impl AesEngineChoice {
+/// The AES engine of the process: [`cbc_encrypt_multi`](crate::cbc_encrypt_multi)
+/// runs on it, chosen with [`AES_ENGINE_ENV`].
+pub type AesEngineChoice = EngineChoice<AesEngine>;
+
+impl EngineChoice<AesEngine> {
     /// The choice for the value `requested` of [`AES_ENGINE_ENV`].
     pub fn from_request(requested: Option<&str>) -> AesEngineChoice {
         let wanted = requested

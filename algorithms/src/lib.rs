@@ -46,12 +46,13 @@ mod engine;
 mod key_schedule;
 pub mod mac;
 pub use engine::{
-    aes_engine, aes_engine_choice, cbc_encrypt_multi_with, AesEngine, AesEngineChoice, AES_ENGINE_ENV,
+    aes_engine, aes_engine_choice, cbc_encrypt_multi_with, AesEngine, AesEngineChoice, EngineChoice,
+    AES_ENGINE_ENV,
 };
 use key_schedule::RoundKeys;
 pub use mac::{
-    mac_multi, mac_multi_with, sha_engine, MacAlg, MacError, MacJob, MacKey, MacStream, ShaEngine,
-    MAX_MAC_LANES, MAX_MAC_LEN, SHA_ENGINE_ENV,
+    mac_multi, mac_multi_with, sha_engine, sha_engine_choice, MacAlg, MacError, MacJob, MacKey, MacStream,
+    ShaEngine, MAX_MAC_LANES, MAX_MAC_LEN, SHA_ENGINE_ENV,
 };
 
 /// AES block size in bytes (FIPS 197).

@@ -40,7 +40,10 @@ mod multi;
 mod avx512_x16;
 mod sha_lanes;
 
-pub use multi::{mac_multi, mac_multi_with, sha_engine, MacJob, ShaEngine, MAX_MAC_LANES, SHA_ENGINE_ENV};
+pub use multi::{
+    mac_multi, mac_multi_with, sha_engine, sha_engine_choice, MacJob, ShaEngine, MAX_MAC_LANES,
+    SHA_ENGINE_ENV,
+};
 
 /// Largest tag any supported MAC produces (SHA-256: 32 bytes).
 pub const MAX_MAC_LEN: usize = 32;

@@ -2,7 +2,9 @@
 //! The process-wide MAC engine honours `VHOST_USER_CRYPTO_SHA_ENGINE`.
 //! One test in this binary: the choice is made once per process.
 
-use algorithms::{mac_multi, sha_engine, MacAlg, MacJob, MacKey, ShaEngine, SHA_ENGINE_ENV};
+use algorithms::{
+    mac_multi, sha_engine, sha_engine_choice, MacAlg, MacJob, MacKey, ShaEngine, SHA_ENGINE_ENV,
+};
 
 #[test]
 fn the_environment_variable_picks_the_process_wide_mac_engine() {
@@ -11,6 +13,9 @@ fn the_environment_variable_picks_the_process_wide_mac_engine() {
     // portable engine runs on every CPU, and names ignore ASCII case.
     std::env::set_var(SHA_ENGINE_ENV, " Portable ");
     assert_eq!(sha_engine(), ShaEngine::Portable);
+    let choice = sha_engine_choice();
+    assert_eq!(choice.requested.as_deref(), Some(" Portable "));
+    assert!(!choice.ignored);
     // Made once: a later change of the variable changes nothing.
     std::env::set_var(SHA_ENGINE_ENV, "shani");
     assert_eq!(sha_engine(), ShaEngine::Portable);

@@ -18,6 +18,7 @@ use zeroize::Zeroize;
 use super::avx512_x16::{self, Avx512};
 use super::sha_lanes::ShaNi;
 use super::{digest_into, outer_block, pad, MacAlg, MacKey, BLOCK, MAX_MAC_LEN};
+use crate::EngineChoice;
 
 /// Most messages one [`mac_multi`] call takes (the daemon's batch).
 pub const MAX_MAC_LANES: usize = 16;
@@ -117,17 +118,35 @@ impl ShaEngine {
     }
 }
 
-/// The process's engine: [`SHA_ENGINE_ENV`] if it names one this CPU
-/// runs, [`ShaEngine::detect`] otherwise. Decided once, on first use.
-pub fn sha_engine() -> ShaEngine {
-    static ENGINE: OnceLock<ShaEngine> = OnceLock::new();
-    *ENGINE.get_or_init(|| {
-        std::env::var(SHA_ENGINE_ENV)
-            .ok()
-            .and_then(|v| ShaEngine::from_name(v.trim()))
-            .filter(|e| e.is_available())
-            .unwrap_or_else(ShaEngine::detect)
+impl EngineChoice<ShaEngine> {
+    /// The choice for the value `requested` of [`SHA_ENGINE_ENV`].
+    pub fn from_request(requested: Option<&str>) -> EngineChoice<ShaEngine> {
+        let wanted = requested
+            .and_then(ShaEngine::from_name)
+            .filter(|e| e.is_available());
+        EngineChoice {
+            engine: wanted.unwrap_or_else(ShaEngine::detect),
+            requested: requested.map(str::to_owned),
+            ignored: requested.is_some() && wanted.is_none(),
+        }
+    }
+}
+
+/// The SHA engine choice of this process, made once on first use from
+/// [`SHA_ENGINE_ENV`] and the CPU.
+pub fn sha_engine_choice() -> &'static EngineChoice<ShaEngine> {
+    static CHOICE: OnceLock<EngineChoice<ShaEngine>> = OnceLock::new();
+    CHOICE.get_or_init(|| {
+        let env = std::env::var(SHA_ENGINE_ENV).ok();
+        EngineChoice::<ShaEngine>::from_request(env.as_deref())
     })
+}
+
+/// The engine [`mac_multi`] uses in this process ([`sha_engine_choice`]):
+/// [`SHA_ENGINE_ENV`] if it names one this CPU runs, [`ShaEngine::detect`]
+/// otherwise.
+pub fn sha_engine() -> ShaEngine {
+    sha_engine_choice().engine
 }
 
 /// One message of [`mac_multi`].
