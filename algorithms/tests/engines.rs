@@ -5,32 +5,14 @@
 //! directly (1 to `MAX_LANES` lanes, 0 to 64 KiB each, equal and ragged
 //! lengths, all key sizes, in place and buffer to buffer).
 
+mod common;
+use common::*;
+
 use algorithms::cipher::inout::InOutBuf;
 use algorithms::{cbc_encrypt_multi_with, AesCbcKey, AesEngine, AesEngineChoice, Error, Lane, MAX_LANES};
 use cbc::cipher::{BlockEncryptMut, KeyIvInit};
-use rand_core::{Rng, SeedableRng};
+use rand_core::SeedableRng;
 use rand_xoshiro::SplitMix64;
-
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.split_whitespace().collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
-/// A value below `n` from the seeded generator (`rand_xoshiro`'s
-/// SplitMix64, so failures reproduce).
-fn below(rng: &mut SplitMix64, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
-
-/// `n` bytes from the seeded generator.
-fn bytes(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
-    let mut v = vec![0; n];
-    rng.fill_bytes(&mut v);
-    v
-}
 
 /// AES-CBC encryption of `data` (whole blocks) by RustCrypto's `cbc` over
 /// `aes`, one message alone.

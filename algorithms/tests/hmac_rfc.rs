@@ -5,18 +5,12 @@
 //! `hmac`/`sha1`/`sha2` crates (an implementation sharing no code with
 //! `ring`) over random keys, messages, truncations and piece boundaries.
 
-use algorithms::{MacAlg, MacError, MacKey};
-use hmac::{Hmac, Mac};
-use rand_core::{Rng as _, SeedableRng as _};
-use rand_xoshiro::SplitMix64;
+mod common;
+use common::*;
 
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.split_whitespace().collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
+use algorithms::{MacAlg, MacError, MacKey};
+use rand_core::SeedableRng as _;
+use rand_xoshiro::SplitMix64;
 
 struct Case {
     name: &'static str,
@@ -200,34 +194,6 @@ fn debug_hides_key_material() {
     assert!(s.contains("HmacSha256") && s.contains("16"), "{s}");
 }
 
-/// A value below `n` from the seeded generator (`rand_xoshiro`'s
-/// SplitMix64, so failures reproduce).
-fn below(rng: &mut SplitMix64, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
-
-/// `n` bytes from the seeded generator.
-fn bytes(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
-    let mut v = vec![0; n];
-    rng.fill_bytes(&mut v);
-    v
-}
-
-fn oracle(alg: MacAlg, key: &[u8], data: &[u8]) -> Vec<u8> {
-    match alg {
-        MacAlg::HmacSha1 => {
-            let mut m = Hmac::<sha1::Sha1>::new_from_slice(key).unwrap();
-            m.update(data);
-            m.finalize().into_bytes().to_vec()
-        }
-        MacAlg::HmacSha256 => {
-            let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
-            m.update(data);
-            m.finalize().into_bytes().to_vec()
-        }
-    }
-}
-
 #[test]
 fn matches_rustcrypto_hmac_over_random_inputs() {
     let mut rng = SplitMix64::seed_from_u64(0x9e37_79b9_7f4a_7c15);
@@ -243,7 +209,7 @@ fn matches_rustcrypto_hmac_over_random_inputs() {
         let data_len = below(&mut rng, 5000);
         let data = bytes(&mut rng, data_len);
         let digest_len = 1 + below(&mut rng, alg.output_len());
-        let want = oracle(alg, &key, &data);
+        let want = hmac_oracle(alg, &key, &data);
         let k = MacKey::new(alg, &key, digest_len).unwrap();
         let mut s = k.start();
         let mut at = 0;

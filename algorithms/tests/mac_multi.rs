@@ -5,49 +5,17 @@
 //! boundaries) checked against the RustCrypto `hmac`/`sha1`/`sha2` crates
 //! used directly.
 
+mod common;
+use common::*;
+
 use algorithms::{mac_multi, mac_multi_with, sha_engine, MacAlg, MacJob, MacKey, ShaEngine, MAX_MAC_LANES};
-use hmac::{Hmac, Mac};
-use rand_core::{Rng as _, SeedableRng as _};
+use rand_core::SeedableRng as _;
 use rand_xoshiro::SplitMix64;
-
-fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
-
-fn oracle(alg: MacAlg, key: &[u8], data: &[u8]) -> Vec<u8> {
-    match alg {
-        MacAlg::HmacSha1 => {
-            let mut m = Hmac::<sha1::Sha1>::new_from_slice(key).unwrap();
-            m.update(data);
-            m.finalize().into_bytes().to_vec()
-        }
-        MacAlg::HmacSha256 => {
-            let mut m = Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
-            m.update(data);
-            m.finalize().into_bytes().to_vec()
-        }
-    }
-}
 
 fn engines() -> Vec<ShaEngine> {
     let e: Vec<_> = ShaEngine::available().collect();
     assert_eq!(e.first(), Some(&ShaEngine::Portable));
     e
-}
-
-/// A value below `n` from the seeded generator (`rand_xoshiro`'s
-/// SplitMix64, so failures reproduce).
-fn below(rng: &mut SplitMix64, n: usize) -> usize {
-    (rng.next_u64() % n as u64) as usize
-}
-
-fn bytes(rng: &mut SplitMix64, n: usize) -> Vec<u8> {
-    let mut v = vec![0; n];
-    rng.fill_bytes(&mut v);
-    v
 }
 
 /// One message of a batch: algorithm, key, data.
@@ -75,7 +43,7 @@ fn check_batch(engine: ShaEngine, msgs: &[Msg], what: &str) {
     mac_multi_with(engine, &mut jobs);
     for (i, (m, j)) in msgs.iter().zip(&jobs).enumerate() {
         let n = m.alg.output_len();
-        let want = oracle(m.alg, &m.key, &m.data);
+        let want = hmac_oracle(m.alg, &m.key, &m.data);
         assert_eq!(
             &j.tag[..n],
             &want[..],
@@ -217,7 +185,7 @@ The key needs to be hashed before being used by the HMAC algorithm.";
 fn every_truncated_length_is_the_leftmost_bytes_of_the_tag() {
     let data = b"what do ya want for nothing?";
     for alg in [MacAlg::HmacSha1, MacAlg::HmacSha256] {
-        let want = oracle(alg, b"Jefe", data);
+        let want = hmac_oracle(alg, b"Jefe", data);
         for n in 1..=alg.output_len() {
             let k = MacKey::new(alg, b"Jefe", n).unwrap();
             let mut out = [0u8; 40];
@@ -325,7 +293,10 @@ fn batches_longer_than_max_lanes_and_the_process_engine_match_rustcrypto() {
     mac_multi(&mut jobs);
     for (m, j) in msgs.iter().zip(&jobs) {
         // Full-length tags whatever the key's digest length.
-        assert_eq!(&j.tag[..m.alg.output_len()], &oracle(m.alg, &m.key, &m.data)[..]);
+        assert_eq!(
+            &j.tag[..m.alg.output_len()],
+            &hmac_oracle(m.alg, &m.key, &m.data)[..]
+        );
     }
     assert!(sha_engine().is_available());
     assert!(ShaEngine::detect().is_available());

@@ -3,16 +3,11 @@
 //! differential test against the single-stream path over random batches
 //! (lane counts, lengths, key sizes, in place and buffer to buffer).
 
+mod common;
+use common::hex;
+
 use algorithms::cipher::inout::InOutBuf;
 use algorithms::{cbc_encrypt_multi, AesCbcKey, Direction, Error, Lane, MAX_LANES};
-
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.split_whitespace().collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
 
 struct Rng(u64);
 impl Rng {

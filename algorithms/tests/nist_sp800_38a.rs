@@ -2,15 +2,10 @@
 //! NIST SP 800-38A Appendix F.2 (CBC-AES128/192/256 encrypt and decrypt)
 //! known answers, typed in from the standard.
 
-use algorithms::{aes_cbc, AesCbcKey, Direction, Error};
+mod common;
+use common::*;
 
-fn hex(s: &str) -> Vec<u8> {
-    let s: String = s.split_whitespace().collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
-}
+use algorithms::{aes_cbc, AesCbcKey, Direction, Error};
 
 const IV: &str = "000102030405060708090a0b0c0d0e0f";
 const PLAIN: &str = "6bc1bee22e409f96e93d7e117393172a ae2d8a571e03ac9c9eb76fac45af8e51
