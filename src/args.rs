@@ -2,12 +2,13 @@
 //! Command-line arguments of the `vhost-user-crypto` daemon.
 
 use std::ffi::OsString;
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgGroup, Parser, ValueEnum};
 
 use crate::crypto::RequestLimits;
-use crate::daemon::Config;
+use crate::daemon::{Config, Listen};
 use crate::proxy::AbiChoice;
 use crate::wire::session::SessionAbi;
 
@@ -56,10 +57,18 @@ pub enum SeccompArg {
 /// disconnect. Logging is controlled with RUST_LOG (default: info).
 #[derive(Debug, Parser)]
 #[command(name = "vhost-user-crypto", version)]
+#[command(group(ArgGroup::new("listen").required(true).args(["socket_path", "fd"])))]
 pub struct Args {
     /// Unix socket to listen on; a stale socket file is replaced, one in use is refused.
     #[arg(long, value_name = "PATH")]
-    pub socket_path: PathBuf,
+    pub socket_path: Option<PathBuf>,
+
+    /// Serve the Unix stream socket inherited as descriptor N instead of
+    /// --socket-path: a listening socket (systemd's socket activation)
+    /// serves one frontend after another, a connected one serves that
+    /// frontend, then the daemon exits 0.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(RawFd).range(0..))]
+    pub fd: Option<RawFd>,
 
     /// Print the backend's capabilities as JSON (`{"type": "crypto"}`) and
     /// exit 0, ignoring every other option (QEMU's vhost-user backend
@@ -110,7 +119,11 @@ pub const DEFAULT_POLL_US: u64 = 50;
 impl From<Args> for Config {
     fn from(a: Args) -> Self {
         Config {
-            socket_path: a.socket_path,
+            // (The "listen" group requires exactly one of the two.)
+            listen: match a.fd {
+                Some(fd) => Listen::Fd(fd),
+                None => Listen::Path(a.socket_path.unwrap_or_default()),
+            },
             queues: usize::from(a.queues),
             max_sessions: a.max_sessions as usize,
             limits: RequestLimits {
@@ -197,5 +210,24 @@ mod tests {
         assert_eq!(c.limits.max_request_bytes, 1 << 30);
         assert!(Args::try_parse_from(["x", "--socket-path", "/s", "--session-abi", "d"]).is_err());
         assert!(Args::try_parse_from(["x"]).is_err());
+    }
+
+    #[test]
+    fn fd_and_socket_path_are_exclusive_and_one_is_required() {
+        let c: Config = Args::try_parse_from(["x", "--fd", "3"]).unwrap().into();
+        assert_eq!(c.listen, Listen::Fd(3));
+        let c: Config = Args::try_parse_from(["x", "--socket-path", "/s"]).unwrap().into();
+        assert_eq!(c.listen, Listen::Path("/s".into()));
+        for bad in [
+            &["--fd", "3", "--socket-path", "/s"][..],
+            &["--fd", "-1"],
+            &["--fd", "x"],
+            &["--fd"],
+            &["--queues", "2"],
+        ] {
+            let mut argv = vec!["x"];
+            argv.extend_from_slice(bad);
+            assert!(Args::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 }

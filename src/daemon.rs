@@ -26,6 +26,8 @@ use vmm_sys_util::epoll::EventSet;
 use crate::backend::CryptoBackend;
 use crate::crypto::RequestLimits;
 use crate::eventfd::{probe_eventfd_check, EventFdCopies};
+pub use crate::listen::Listen;
+use crate::listen::{FdError, Inherited};
 use crate::memory_check::helper::use_memory_check_helper;
 use crate::proxy::{self, AbiChoice, Closer, KickWatch, ProxyConfig};
 use crate::seccomp::WorkerFilter;
@@ -34,8 +36,8 @@ use crate::sessions::{session_set_with_ids, SessionIds};
 /// Daemon configuration (from the command line).
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Frontend socket path.
-    pub socket_path: PathBuf,
+    /// Where frontends connect: a socket path, or an inherited socket.
+    pub listen: Listen,
     /// Number of data queues.
     pub queues: usize,
     /// Most live sessions per connection.
@@ -74,6 +76,12 @@ pub enum Error {
     /// The frontend's eventfds cannot be checked here (no /proc).
     #[error("cannot check the frontend's eventfds: {0}")]
     EventFdCheck(io::Error),
+    /// The descriptor given with `--fd` cannot be served.
+    #[error(transparent)]
+    Fd(#[from] FdError),
+    /// Accepting on the socket inherited with `--fd` failed.
+    #[error("{0}: {1}")]
+    Accept(Listen, io::Error),
 }
 
 /// Binds the frontend socket, replacing a stale socket file and refusing
@@ -117,9 +125,10 @@ pub fn serve_one(
     config: &Config,
     filter: Option<&WorkerFilter>,
 ) -> Result<(), Error> {
-    let (frontend, _) = listener
-        .accept()
-        .map_err(|e| Error::Socket(config.socket_path.clone(), e))?;
+    let (frontend, _) = listener.accept().map_err(|e| match &config.listen {
+        Listen::Path(p) => Error::Socket(p.clone(), e),
+        fd => Error::Accept(fd.clone(), e),
+    })?;
     info!("frontend connected");
     serve_stream(frontend, config, filter)
 }
@@ -497,12 +506,16 @@ fn warn_if_ignored<E>(
     }
 }
 
-/// Runs the daemon forever: check the seccomp filter (unless off), bind,
-/// then serve frontends one after another.
+/// Runs the daemon: check the seccomp filter (unless off), bind or check
+/// the socket, then serve frontends one after another for ever; on a
+/// connected socket inherited with `--fd`, serve that one frontend and
+/// return.
 ///
 /// # Errors
 /// The frontend's eventfds cannot be checked here (no `/proc`), the
-/// seccomp filter does not work here, or binding the socket failed.
+/// seccomp filter does not work here,
+/// binding the socket failed, or the `--fd` descriptor is not a Unix
+/// stream socket.
 pub fn run(config: &Config) -> Result<(), Error> {
     probe_eventfd_check().map_err(Error::EventFdCheck)?;
     raise_descriptor_limit();
@@ -515,7 +528,10 @@ pub fn run(config: &Config) -> Result<(), Error> {
     } else {
         None
     };
-    let listener = bind_listener(&config.socket_path)?;
+    let listener = match &config.listen {
+        Listen::Path(path) => Inherited::Listener(bind_listener(path)?),
+        Listen::Fd(fd) => crate::listen::inherit(*fd)?,
+    };
     // Logged once the socket is bound, so that a socket problem is the
     // only line printed.
     if filter.is_some() {
@@ -524,7 +540,16 @@ pub fn run(config: &Config) -> Result<(), Error> {
         warn!("--seccomp off: queue workers run without a syscall filter");
     }
     log_engines();
-    info!("listening on {}", config.socket_path.display());
+    let listener = match listener {
+        Inherited::Listener(l) => l,
+        Inherited::Connected(frontend) => {
+            info!("serving the frontend connected on {}", config.listen);
+            serve_stream(frontend, config, filter.as_ref())?;
+            info!("the frontend on {} left; exiting", config.listen);
+            return Ok(());
+        }
+    };
+    info!("listening on {}", config.listen);
     loop {
         if let Err(e) = serve_one(&listener, config, filter.as_ref()) {
             error!("{e}");

@@ -17,6 +17,7 @@
 //!
 //! - [`args`]: the command line;
 //! - [`daemon`]: the listener, and one connection's set-up and teardown;
+//! - [`listen`]: the socket path or the inherited socket (`--fd`);
 //! - [`proxy`]: the frontend compatibility layer in front of vhost-user-backend;
 //! - [`memory_check`]: checks of the guest memory the frontend shares;
 //! - [`eventfd`]: checks and copies of the frontend's ring eventfds;
@@ -35,6 +36,8 @@
 pub mod args;
 #[cfg(feature = "backend")]
 pub mod daemon;
+#[cfg(feature = "backend")]
+pub mod listen;
 #[cfg(feature = "backend")]
 pub mod proxy;
 #[cfg(feature = "backend")]

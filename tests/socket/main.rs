@@ -19,7 +19,7 @@
 //! * [`lifecycle`]: disconnects, teardown, a waiting frontend, resources
 //!   left behind, start-up;
 //! * [`conventions`]: QEMU's backend program conventions
-//!   (`--print-capabilities`, the discovery file).
+//!   (`--print-capabilities`, the discovery file, `--fd`).
 //!
 //! Each test spawns daemons of its own (`support::Daemon`: `RUST_LOG=warn`,
 //! the log printed when the test fails, killed by a watchdog after 240 s),
