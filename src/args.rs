@@ -59,7 +59,8 @@ pub enum SeccompArg {
 #[command(name = "vhost-user-crypto", version)]
 #[command(group(ArgGroup::new("listen").required(true).args(["socket_path", "fd"])))]
 pub struct Args {
-    /// Unix socket to listen on; a stale socket file is replaced, one in use is refused.
+    /// Unix socket to listen on; a stale socket file is replaced, one in
+    /// use is refused, and the file is removed on SIGTERM and SIGINT.
     #[arg(long, value_name = "PATH")]
     pub socket_path: Option<PathBuf>,
 

@@ -82,6 +82,9 @@ pub enum Error {
     /// Accepting on the socket inherited with `--fd` failed.
     #[error("{0}: {1}")]
     Accept(Listen, io::Error),
+    /// SIGTERM and SIGINT cannot be handled.
+    #[error("cannot handle SIGTERM and SIGINT: {0}")]
+    Signals(io::Error),
 }
 
 /// Binds the frontend socket, replacing a stale socket file and refusing
@@ -506,17 +509,19 @@ fn warn_if_ignored<E>(
     }
 }
 
-/// Runs the daemon: check the seccomp filter (unless off), bind or check
-/// the socket, then serve frontends one after another for ever; on a
-/// connected socket inherited with `--fd`, serve that one frontend and
-/// return.
+/// Runs the daemon: take SIGTERM and SIGINT ([`crate::signals`]), check
+/// the seccomp filter (unless off), bind or check the socket, then serve
+/// frontends one after another for ever; on a connected socket inherited
+/// with `--fd`, serve that one frontend and return.
 ///
 /// # Errors
-/// The frontend's eventfds cannot be checked here (no `/proc`), the
-/// seccomp filter does not work here,
+/// The signals cannot be handled, the frontend's eventfds cannot be
+/// checked here (no `/proc`), the seccomp filter does not work here,
 /// binding the socket failed, or the `--fd` descriptor is not a Unix
 /// stream socket.
 pub fn run(config: &Config) -> Result<(), Error> {
+    // First, before any thread starts: every thread inherits the mask.
+    crate::signals::handle_exit_signals().map_err(Error::Signals)?;
     probe_eventfd_check().map_err(Error::EventFdCheck)?;
     raise_descriptor_limit();
     // (This binary, also when its file was replaced or removed since.)
@@ -529,7 +534,13 @@ pub fn run(config: &Config) -> Result<(), Error> {
         None
     };
     let listener = match &config.listen {
-        Listen::Path(path) => Inherited::Listener(bind_listener(path)?),
+        Listen::Path(path) => {
+            let l = bind_listener(path)?;
+            if let Err(e) = crate::signals::remove_on_exit(path) {
+                warn!("{} will not be removed at exit: {e}", path.display());
+            }
+            Inherited::Listener(l)
+        }
         Listen::Fd(fd) => crate::listen::inherit(*fd)?,
     };
     // Logged once the socket is bound, so that a socket problem is the

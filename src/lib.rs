@@ -18,6 +18,7 @@
 //! - [`args`]: the command line;
 //! - [`daemon`]: the listener, and one connection's set-up and teardown;
 //! - [`listen`]: the socket path or the inherited socket (`--fd`);
+//! - [`signals`]: the exit on SIGTERM and SIGINT;
 //! - [`proxy`]: the frontend compatibility layer in front of vhost-user-backend;
 //! - [`memory_check`]: checks of the guest memory the frontend shares;
 //! - [`eventfd`]: checks and copies of the frontend's ring eventfds;
@@ -38,6 +39,8 @@ pub mod args;
 pub mod daemon;
 #[cfg(feature = "backend")]
 pub mod listen;
+#[cfg(feature = "backend")]
+pub mod signals;
 #[cfg(feature = "backend")]
 pub mod proxy;
 #[cfg(feature = "backend")]

@@ -31,7 +31,13 @@
 //! HMAC key block) are cleared with [`wipe_stack`]: by the session-message
 //! handler after each CREATE, and by each queue worker after the first
 //! batch that follows a CLOSE and whenever it goes back to waiting for
-//! kicks (`QueueWorker::process`, `backend.rs`).
+//! kicks (`QueueWorker::process`, `backend.rs`). On SIGTERM and SIGINT
+//! the tables of every live connection are emptied before the process
+//! exits ([`LiveTables::wipe_all`], `signals.rs`).
+
+mod live;
+
+pub use live::{live_tables, LiveTables, Wiped};
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -434,6 +440,9 @@ struct TableShared {
     posted: AtomicU64,
     /// Posts applied to `sessions` so far (changed with both locked).
     applied: AtomicU64,
+    /// The process's list of live tables this one is in; once it is
+    /// wiped, posts are dropped.
+    live: &'static LiveTables,
 }
 
 /// A change to one queue's table, posted by the registry and applied by
@@ -481,9 +490,15 @@ impl TableShared {
 
 impl SessionTable {
     /// An empty table with room for twice `max_sessions` (up to
-    /// `MAX_PRERESERVED`, 4,096, of them).
+    /// `MAX_PRERESERVED`, 4,096, of them), in the process's list of live
+    /// tables ([`live_tables`]).
     pub fn new(max_sessions: usize) -> Self {
-        SessionTable {
+        Self::new_in(max_sessions, live_tables())
+    }
+
+    /// [`SessionTable::new`], in the list `live`.
+    pub fn new_in(max_sessions: usize, live: &'static LiveTables) -> Self {
+        let table = SessionTable {
             shared: Arc::new(TableShared {
                 sessions: Mutex::new(Sessions {
                     map: IdMap::with_capacity_and_hasher(
@@ -495,8 +510,11 @@ impl SessionTable {
                 posts: Mutex::new(Vec::new()),
                 posted: AtomicU64::new(0),
                 applied: AtomicU64::new(0),
+                live,
             }),
-        }
+        };
+        live.register(&table.shared);
+        table
     }
 
     /// Locks the table, having applied what the registry posted to it. A
@@ -521,9 +539,16 @@ impl SessionTable {
     }
 
     /// Posts `u`; returns the number of posts so far, which
-    /// [`SessionTable::applied`] reaches once it has been applied.
+    /// [`SessionTable::applied`] reaches once it has been applied. Once
+    /// the process's tables are wiped, `u` is dropped (a session's key
+    /// zeroized) instead (`LiveTables::wipe_all` says why that is never
+    /// too late).
     fn post(&self, u: Update) -> u64 {
         let mut posts = self.shared.posts.lock().unwrap_or_else(|e| e.into_inner());
+        if self.shared.live.is_closed() {
+            drop(u);
+            return self.shared.posted.load(Ordering::Acquire);
+        }
         posts.push(u);
         self.shared.posted.fetch_add(1, Ordering::Release) + 1
     }
@@ -563,7 +588,19 @@ pub fn session_set_with_ids(
     queues: usize,
     ids: SessionIds,
 ) -> (SessionRegistry, Vec<SessionTable>) {
-    let tables: Vec<SessionTable> = (0..queues).map(|_| SessionTable::new(max_sessions)).collect();
+    session_set_in(max_sessions, queues, ids, live_tables())
+}
+
+/// [`session_set_with_ids`] with the tables in the list `live`.
+pub fn session_set_in(
+    max_sessions: usize,
+    queues: usize,
+    ids: SessionIds,
+    live: &'static LiveTables,
+) -> (SessionRegistry, Vec<SessionTable>) {
+    let tables: Vec<SessionTable> = (0..queues)
+        .map(|_| SessionTable::new_in(max_sessions, live))
+        .collect();
     (SessionRegistry::new(max_sessions, tables.clone(), ids), tables)
 }
 

@@ -3,7 +3,8 @@
 //! (`docs/interop/vhost-user.rst`, "Backend program conventions"):
 //! `--print-capabilities` and the discovery file of `tools/packaging/`,
 //! whose `type` must be `crypto` (QEMU's `docs/interop/vhost-user.json`);
-//! `--fd` with a listening or a connected socket.
+//! `--fd` with a listening or a connected socket; the exit on SIGTERM and
+//! SIGINT.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -16,6 +17,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::frontend_config::one_queue;
+use crate::support::{cpu_busy, vring_workers};
 use vhost_crypto_replay::frontend::{CryptoFrontend, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, ReplayOptions};
 use vhost_crypto_replay::trace::Trace;
@@ -138,6 +140,16 @@ impl Spawned {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+
+    /// Sends `sig` and returns the exit status and how long the exit took
+    /// (None: still running after 10 s).
+    fn signal_and_wait(&mut self, sig: libc::c_int) -> (Option<ExitStatus>, Duration) {
+        // SAFETY: kill(2) of our child, not reaped yet.
+        assert_eq!(unsafe { libc::kill(self.child.id() as libc::pid_t, sig) }, 0);
+        let sent = Instant::now();
+        let status = self.exit_within(Duration::from_secs(10));
+        (status, sent.elapsed())
+    }
 }
 
 impl Drop for Spawned {
@@ -197,20 +209,26 @@ fn nist_passes(fe: &mut CryptoFrontend, what: &str) {
 
 /// `--fd 3` with a listening socket the test bound: the replay tool's
 /// frontend connects by the path and passes the NIST trace, twice in a
-/// row (a reconnect is served like one with `--socket-path`).
+/// row (a reconnect is served like one with `--socket-path`). SIGTERM then
+/// ends the daemon with status 0 and leaves the socket file, which the
+/// daemon did not bind.
 #[test]
 fn fd_with_a_listening_socket_serves_frontends_one_after_another() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("passed.sock");
     let listener = UnixListener::bind(&path).unwrap();
-    let d = Spawned::new(&["--fd".as_ref(), "3".as_ref()], Some(listener.as_raw_fd()));
+    let mut d = Spawned::new(&["--fd".as_ref(), "3".as_ref()], Some(listener.as_raw_fd()));
     drop(listener);
     let (trace, _) = nist_trace();
-    for round in ["first connection", "second connection"] {
+    for connection in ["first connection", "second connection"] {
         let mut fe = CryptoFrontend::connect(&path, &replay_config(&trace)).unwrap();
-        nist_passes(&mut fe, round);
+        nist_passes(&mut fe, connection);
     }
     d.wait_log("listening on descriptor 3 (--fd)", Duration::from_secs(10));
+    let (status, took) = d.signal_and_wait(libc::SIGTERM);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(path.exists(), "the daemon removed a socket file it did not bind");
 }
 
 /// `--fd 3` with one end of a socketpair (a connected socket, as libvirt
@@ -285,5 +303,86 @@ fn fd_is_refused_with_socket_path_and_on_anything_but_a_unix_stream_socket() {
         assert_eq!(status.and_then(|s| s.code()), Some(code), "{args:?}: {log}");
         assert!(log.contains(says), "{args:?}: {log}");
         assert!(!path.exists(), "{args:?}: it bound --socket-path");
+    }
+}
+
+/// SIGTERM while the replay tool is in the middle of a long run (a
+/// session live, requests in flight): the daemon exits with status 0
+/// within a second, having zeroized the session's keys in the queue's
+/// table, and removes its socket file.
+#[test]
+fn sigterm_mid_run_exits_0_within_a_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crypto.sock");
+    let mut d = Spawned::new(&["--socket-path".as_ref(), path.as_ref()], None);
+    d.wait_log("listening on", Duration::from_secs(10));
+    // 100,000 requests of 256 bytes, replayed up to 200 times (the run
+    // closes and creates the session again between passes: long passes
+    // make a SIGTERM in between unlikely).
+    let trace = Trace::parse(
+        concat!(
+            r#"{"op":"create_session","name":"s","algo":"aes-cbc","key":"2b7e151628aed2a6abf7158809cf4f3c","direction":"encrypt"}"#,
+            "\n",
+            r#"{"op":"generate","session":"s","opcode":"encrypt","size":256,"count":100000,"seed":7}"#,
+            "\n"
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let total = 100_000 * 200;
+    let cfg = FrontendConfig {
+        max_payload: 256,
+        ..one_queue(256, 64)
+    };
+    let opts = ReplayOptions {
+        queue_depth: 64,
+        timeout: Duration::from_secs(5),
+        ..replay_options(200)
+    };
+    let mut fe = CryptoFrontend::connect(&path, &cfg).unwrap();
+    let run = std::thread::spawn(move || replay(&mut fe, &trace, &opts));
+    // Mid-run: the queue worker is busy with requests.
+    let start = Instant::now();
+    while vring_workers(d.child.id()) == 0 || cpu_busy(d.child.id(), Duration::from_millis(100)) == 0.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the daemon is not serving the run"
+        );
+    }
+    assert!(!run.is_finished(), "the run ended before SIGTERM");
+    let (status, took) = d.signal_and_wait(libc::SIGTERM);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{status:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // (The run ends with an error, or with a report that says it stopped.)
+    if let Ok(r) = run.join().unwrap() {
+        assert!(r.requests < total && r.error.is_some(), "{}", r.requests);
+    }
+    let log = d.log();
+    assert!(
+        log.contains("SIGTERM: exiting; session keys zeroized: 1 (in 1 session tables)"),
+        "{log}"
+    );
+    assert!(!path.exists(), "the socket file is left");
+}
+
+/// SIGTERM and SIGINT with no frontend: status 0 within a second, and
+/// the socket file is removed.
+#[test]
+fn sigterm_and_sigint_while_idle_exit_0_within_a_second() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGINT, "SIGINT")] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crypto.sock");
+        let mut d = Spawned::new(&["--socket-path".as_ref(), path.as_ref()], None);
+        d.wait_log("listening on", Duration::from_secs(10));
+        assert!(path.exists());
+        let (status, took) = d.signal_and_wait(sig);
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{name}: {status:?}");
+        assert!(took < Duration::from_secs(1), "{name}: {took:?}");
+        assert!(!path.exists(), "{name}: the socket file is left");
+        assert!(
+            d.log().contains(&format!("{name}: exiting")),
+            "{name}: {}",
+            d.log()
+        );
     }
 }

@@ -19,7 +19,8 @@
 //! * [`lifecycle`]: disconnects, teardown, a waiting frontend, resources
 //!   left behind, start-up;
 //! * [`conventions`]: QEMU's backend program conventions
-//!   (`--print-capabilities`, the discovery file, `--fd`).
+//!   (`--print-capabilities`, the discovery file, `--fd`, the exit on
+//!   SIGTERM and SIGINT).
 //!
 //! Each test spawns daemons of its own (`support::Daemon`: `RUST_LOG=warn`,
 //! the log printed when the test fails, killed by a watchdog after 240 s),
