@@ -53,8 +53,10 @@ pub enum SeccompArg {
 /// chained with HMAC-SHA1 / HMAC-SHA-256).
 ///
 /// Serves one frontend (QEMU's `-object cryptodev-vhost-user`) at a time on
-/// a Unix socket, and accepts the next one with fresh state after a
-/// disconnect. Logging is controlled with RUST_LOG (default: info).
+/// a Unix socket (--socket-path, or one inherited with --fd), and accepts
+/// the next one with fresh state after a disconnect. SIGTERM and SIGINT
+/// end it with status 0. Logging is controlled with RUST_LOG (default:
+/// info).
 #[derive(Debug, Parser)]
 #[command(name = "vhost-user-crypto", version)]
 #[command(group(ArgGroup::new("listen").required(true).args(["socket_path", "fd"])))]

@@ -20,7 +20,9 @@
 //!   left behind, start-up;
 //! * [`conventions`]: QEMU's backend program conventions
 //!   (`--print-capabilities`, the discovery file, `--fd`, the exit on
-//!   SIGTERM and SIGINT).
+//!   SIGTERM and SIGINT);
+//! * [`packaging`]: the files of `tools/packaging/`: the man page
+//!   generated from the command line.
 //!
 //! Each test spawns daemons of its own (`support::Daemon`: `RUST_LOG=warn`,
 //! the log printed when the test fails, killed by a watchdog after 240 s),
@@ -56,5 +58,6 @@ mod memory;
 mod memory_checks;
 mod message_fds;
 mod messages;
+mod packaging;
 mod rings;
 mod sessions;
