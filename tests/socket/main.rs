@@ -22,7 +22,8 @@
 //!   (`--print-capabilities`, the discovery file, `--fd`, the exit on
 //!   SIGTERM and SIGINT);
 //! * [`packaging`]: the files of `tools/packaging/`: the man page
-//!   generated from the command line.
+//!   generated from the command line, the systemd units
+//!   (`systemd-analyze verify`).
 //!
 //! Each test spawns daemons of its own (`support::Daemon`: `RUST_LOG=warn`,
 //! the log printed when the test fails, killed by a watchdog after 240 s),
