@@ -555,7 +555,9 @@ pub fn run(config: &Config) -> Result<(), Error> {
         Inherited::Listener(l) => l,
         Inherited::Connected(frontend) => {
             info!("serving the frontend connected on {}", config.listen);
-            serve_stream(frontend, config, filter.as_ref())?;
+            let served = serve_stream(frontend, config, filter.as_ref());
+            crate::signals::remove_files();
+            served?;
             info!("the frontend on {} left; exiting", config.listen);
             return Ok(());
         }

@@ -63,8 +63,10 @@ pub fn remove_on_exit(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Removes the files given to [`remove_on_exit`] that are still those.
-fn remove_files() {
+/// Removes the files given to [`remove_on_exit`] that are still those:
+/// on SIGTERM and SIGINT, and when the daemon ends after serving a
+/// connected `--fd` socket.
+pub fn remove_files() {
     let files = REMOVE_ON_EXIT.lock().unwrap_or_else(|e| e.into_inner());
     for f in files.iter() {
         let same = std::fs::symlink_metadata(&f.path).is_ok_and(|m| (m.dev(), m.ino()) == (f.dev, f.ino));
