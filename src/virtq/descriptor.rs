@@ -62,7 +62,7 @@ pub enum ChainFault {
     TooLong,
     /// An indirect descriptor inside an indirect table, or with NEXT set.
     BadIndirect,
-    /// An indirect table of bad size or not mapped in one piece.
+    /// An indirect table of bad size or not (entirely) inside guest memory.
     BadIndirectTable,
     /// A device-readable descriptor after a device-writable one.
     ReadableAfterWritable,
@@ -95,6 +95,12 @@ pub struct ChainWalker {
     /// have changed.
     /// (An empty region, length 0, when none is cached.)
     region: (u64, u64, *mut u8),
+    /// Where an indirect table that is not contiguous in the host mapping
+    /// (it straddles the seam of two GPA-adjacent regions, each mapped on
+    /// its own) is copied to be walked: room for the largest table the
+    /// walker takes, [`MAX_QUEUE_SIZE`] entries (512 KiB), allocated once
+    /// with the walker. Its pages are touched only by such tables.
+    table_copy: Vec<u8>,
 }
 
 // SAFETY: the raw pointers in a ChainWalker are only dereferenced while the
@@ -125,6 +131,9 @@ impl ChainWalker {
             seen_writable: false,
             descriptors: 0,
             region: (0, 0, ptr::null_mut()),
+            // (Zeroed pages from the allocator: nothing is written here
+            // until a table is copied.)
+            table_copy: vec![0u8; usize::from(MAX_QUEUE_SIZE) * DESC_SIZE],
         }
     }
 
@@ -231,14 +240,19 @@ impl ChainWalker {
         }
         // (n <= MAX_QUEUE_SIZE: no overflow.)
         self.descriptors += n as u32;
-        let Some(table) = self.map_contiguous_cached(mem, d.addr, d.len as usize) else {
-            self.set_fault(ChainFault::BadIndirectTable);
-            return;
+        let table = match self.map_contiguous_cached(mem, d.addr, d.len as usize) {
+            Some(t) => t as *const u8,
+            None if self.copy_table(mem, d.addr, d.len as usize) => self.table_copy.as_mut_ptr() as *const u8,
+            None => {
+                self.set_fault(ChainFault::BadIndirectTable);
+                return;
+            }
         };
         let mut idx: u16 = 0;
         for _ in 0..n {
             // SAFETY: idx < n (checked below) and the table was just mapped
-            // for n descriptors.
+            // (or copied into `table_copy`, which nothing else touches
+            // during this loop) for n descriptors.
             let e = unsafe { read_desc(table, idx) };
             if e.flags & VRING_DESC_F_INDIRECT != 0 {
                 self.set_fault(ChainFault::BadIndirect);
@@ -255,6 +269,35 @@ impl ChainWalker {
             idx = e.next;
         }
         self.set_fault(ChainFault::TooLong);
+    }
+
+    /// Copies the indirect table of `len` bytes at `addr` (at most
+    /// [`MAX_QUEUE_SIZE`] entries) into `table_copy`, region by region:
+    /// for a table that does not lie in one region. False if part of it
+    /// is outside guest memory. Each guest byte is read once; the walk
+    /// reads only the copy.
+    fn copy_table(&mut self, mem: &GuestMemoryMmap, addr: u64, len: usize) -> bool {
+        if len > self.table_copy.len() {
+            return false;
+        }
+        let mut at = addr;
+        let mut done = 0;
+        while done < len {
+            let Some((p, n)) = self.translate(mem, at, (len - done) as u64) else {
+                return false;
+            };
+            let n = n as usize;
+            // SAFETY: `translate` found n <= len - done bytes mapped at p,
+            // which the batch's memory guard keeps mapped; done + n <= len
+            // <= table_copy.len(); guest memory never overlaps the heap.
+            unsafe { ptr::copy_nonoverlapping(p, self.table_copy.as_mut_ptr().add(done), n) };
+            done += n;
+            let Some(next) = at.checked_add(n as u64) else {
+                return done == len;
+            };
+            at = next;
+        }
+        true
     }
 
     /// Records one buffer: translates it (zero-length ones are skipped

@@ -4,8 +4,9 @@
 //! guest memory (`common::vm`), without a daemon or a socket. The
 //! hostile-guest cases H01–H15 and H17 of docs/RELIABILITY.md, the status
 //! policy of docs/PROTOCOL.md §6, AlgChain requests (§5.2), notification
-//! suppression (§7), batching, guest fields rewritten while the device
-//! works, and the data path's allocations.
+//! suppression (§7), indirect tables across region seams, batching, guest
+//! fields rewritten while the device works, and the data path's
+//! allocations.
 //!
 //! Expected values come from NIST SP 800-38A, OpenSSL (`common::oracle`)
 //! and the specifications, never from the code under test.
@@ -33,6 +34,7 @@ mod descriptor_faults;
 mod descriptor_layouts;
 mod descriptor_splits;
 mod headers;
+mod indirect_seams;
 mod notification;
 mod rings;
 mod sessions;
