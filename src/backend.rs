@@ -36,10 +36,10 @@ use crate::wire::split_ring::MAX_QUEUE_SIZE;
 use crate::worker::QueueWorker;
 
 /// Virtio features the backend offers: `VERSION_1`, `RING_F_INDIRECT_DESC`,
-/// `RING_F_EVENT_IDX`, `NOTIFY_ON_EMPTY` (as DPDK's vhost-crypto offers it)
-/// and `VHOST_USER_F_PROTOCOL_FEATURES`. QEMU acks only the last one for
-/// this device (`docs/PROTOCOL.md` §4.2); other frontends may ack the ring
-/// features.
+/// `RING_F_EVENT_IDX`, `NOTIFY_ON_EMPTY` (as DPDK's vhost-crypto offers it;
+/// honoured when acked, `crate::worker`) and
+/// `VHOST_USER_F_PROTOCOL_FEATURES`. QEMU acks only the last one for this
+/// device (`docs/PROTOCOL.md` §4.2); other frontends may ack the others.
 pub const FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
@@ -121,6 +121,8 @@ pub struct CryptoBackend {
     poll: Duration,
     seccomp: Option<WorkerFilter>,
     event_idx: AtomicBool,
+    /// Whether the frontend acked `VIRTIO_F_NOTIFY_ON_EMPTY` (SET_FEATURES).
+    notify_on_empty: AtomicBool,
     disconnected: Arc<AtomicBool>,
     signal_failures: AtomicU64,
 }
@@ -165,6 +167,7 @@ impl CryptoBackend {
             poll,
             seccomp: None,
             event_idx: AtomicBool::new(false),
+            notify_on_empty: AtomicBool::new(false),
             disconnected,
             signal_failures: AtomicU64::new(0),
         })
@@ -352,6 +355,7 @@ impl CryptoBackend {
             let mut next_avail = q.next_avail();
             let mut next_used = q.next_used();
             worker.event_idx = self.event_idx.load(Ordering::Relaxed);
+            worker.notify_on_empty = self.notify_on_empty.load(Ordering::Relaxed);
             worker.set_polling(polling);
             let r = worker.process(&mem, addrs, &mut next_avail, &mut next_used);
             if r.completed > 0 {
@@ -446,6 +450,13 @@ impl VhostUserBackend for CryptoBackend {
         // is honoured only when it acked EVENT_IDX (see `crate::worker`).
         debug!("frontend says EVENT_IDX = {enabled}");
         self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn acked_features(&self, features: u64) {
+        // SET_FEATURES (QEMU's cryptodev-vhost-user sends only bit 30,
+        // docs/PROTOCOL.md §4.2; other frontends may ack more).
+        self.notify_on_empty
+            .store(features & (1 << VIRTIO_F_NOTIFY_ON_EMPTY) != 0, Ordering::Relaxed);
     }
 
     fn update_memory(&self, mem: GuestMemoryAtomic<GuestMemoryMmap>) -> io::Result<()> {

@@ -29,7 +29,10 @@
 //! acked by the frontend, only when the batch's used entries cross
 //! `used_event`; without, unless the driver set `VRING_AVAIL_F_NO_INTERRUPT`
 //! (a QEMU guest that negotiated EVENT_IDX with QEMU never sets that flag,
-//! so it is always notified).
+//! so it is always notified). With `VIRTIO_F_NOTIFY_ON_EMPTY` acked, a
+//! batch after which the avail ring is empty is always notified, whatever
+//! the flag or `used_event` say (VIRTIO 1.2 §6.3; QEMU's
+//! `virtio_split_should_notify`, hw/virtio/virtio.c).
 
 use std::sync::atomic::{fence, Ordering};
 
@@ -86,6 +89,9 @@ pub struct QueueWorker {
     /// Whether the frontend acked `VIRTIO_RING_F_EVENT_IDX` (then the
     /// driver's `used_event` decides [`BatchResult::notify`]).
     pub event_idx: bool,
+    /// Whether the frontend acked `VIRTIO_F_NOTIFY_ON_EMPTY` (then a
+    /// batch that leaves the avail ring empty is always notified).
+    pub notify_on_empty: bool,
     polling: bool,
     walker: ChainWalker,
     /// (head, used length) of the batch, in avail order; allocated once.
@@ -145,6 +151,7 @@ impl QueueWorker {
         QueueWorker {
             sessions,
             event_idx: false,
+            notify_on_empty: false,
             polling: false,
             walker: ChainWalker::new(),
             done: Vec::with_capacity(usize::from(MAX_QUEUE_SIZE)),
@@ -392,7 +399,7 @@ impl QueueWorker {
         // (driver/device race of VIRTIO 1.2 §2.7.10).
         fence(Ordering::SeqCst);
         if result.completed > 0 {
-            result.notify = self.wants_notify(&ring, *next_used, first_used);
+            result.notify = self.wants_notify(&ring, *next_avail, *next_used, first_used);
         }
         self.completed += u64::from(result.completed);
         Ok(result)
@@ -402,7 +409,12 @@ impl QueueWorker {
     /// `first_used` to `next_used` (see the module documentation). Read
     /// after the used index was published and fenced, so a driver that
     /// moves `used_event` concurrently is seen or sees us.
-    fn wants_notify(&self, ring: &Ring, next_used: u16, first_used: u16) -> bool {
+    fn wants_notify(&self, ring: &Ring, next_avail: u16, next_used: u16, first_used: u16) -> bool {
+        if self.notify_on_empty && ring.avail_idx() == next_avail {
+            // The ring is empty after these completions (nothing is in
+            // flight between batches): VIRTIO 1.2 §6.3.
+            return true;
+        }
         if self.event_idx {
             vring_need_event(ring.used_event(), next_used, first_used)
         } else {

@@ -14,6 +14,8 @@
 //! * [`rings`]: ring fields (H16), addresses, restarts, memory coming
 //!   back, H10 logged under seccomp;
 //! * [`busy_rings`]: control messages while a guest keeps a ring busy;
+//! * [`notify_on_empty`]: `VIRTIO_F_NOTIFY_ON_EMPTY` against suppressed
+//!   notifications;
 //! * [`sessions`]: session messages, floods and churn, ids across
 //!   connections;
 //! * [`lifecycle`]: disconnects, teardown, a waiting frontend, resources
@@ -59,6 +61,7 @@ mod memory;
 mod memory_checks;
 mod message_fds;
 mod messages;
+mod notify_on_empty;
 mod packaging;
 mod rings;
 mod sessions;

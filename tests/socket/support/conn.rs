@@ -122,6 +122,11 @@ impl Conn {
     /// SET_PROTOCOL_FEATURES(CRYPTO_SESSION | REPLY_ACK), SET_OWNER,
     /// SET_FEATURES(PROTOCOL_FEATURES) with NEED_REPLY (acked with 0).
     pub fn negotiated(sock: &Path) -> Conn {
+        Conn::negotiated_with(sock, F_PROTOCOL_FEATURES)
+    }
+
+    /// [`Conn::negotiated`] with SET_FEATURES(`features`).
+    pub fn negotiated_with(sock: &Path, features: u64) -> Conn {
         let c = Conn::open(sock);
         assert_ne!(c.get_features() & F_PROTOCOL_FEATURES, 0);
         c.send(GET_PROTOCOL_FEATURES, VERSION_1, &[], &[]).unwrap();
@@ -139,13 +144,8 @@ impl Conn {
         .unwrap();
         c.send(SET_OWNER, VERSION_1 | NEED_REPLY, &[], &[]).unwrap();
         assert_eq!(c.reply_u64(SET_OWNER), 0, "SET_OWNER ack");
-        c.send(
-            SET_FEATURES,
-            VERSION_1 | NEED_REPLY,
-            &F_PROTOCOL_FEATURES.to_le_bytes(),
-            &[],
-        )
-        .unwrap();
+        c.send(SET_FEATURES, VERSION_1 | NEED_REPLY, &features.to_le_bytes(), &[])
+            .unwrap();
         assert_eq!(c.reply_u64(SET_FEATURES), 0, "SET_FEATURES ack");
         c
     }
