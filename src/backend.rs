@@ -232,6 +232,16 @@ impl CryptoBackend {
         Some((c.as_raw_fd(), self.wake_event_id()))
     }
 
+    /// Makes queue `queue`'s worker look at its ring once, as a kick would
+    /// (a write to its wake eventfd, [`CryptoBackend::wake_listener`]).
+    pub fn wake(&self, queue: usize) {
+        if let Some((_, n)) = self.wake.get(queue) {
+            if let Err(e) = n.notify() {
+                warn!("waking queue worker {queue} failed: {e}");
+            }
+        }
+    }
+
     /// The event id of the wake eventfds: the first one past the library's
     /// (rings `0..queues`, exit event `queues`).
     fn wake_event_id(&self) -> u64 {

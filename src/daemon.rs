@@ -28,6 +28,7 @@ use crate::crypto::RequestLimits;
 use crate::eventfd::{probe_eventfd_check, EventFdCopies};
 pub use crate::listen::Listen;
 use crate::listen::{FdError, Inherited};
+use crate::kick_poll::KickPolls;
 use crate::memory_check::helper::use_memory_check_helper;
 use crate::proxy::{self, AbiChoice, Closer, KickWatch, ProxyConfig};
 use crate::seccomp::WorkerFilter;
@@ -181,6 +182,7 @@ pub fn serve_stream(
     let mut kicks = KickWatcher {
         handlers,
         backend: backend.clone(),
+        polls: KickPolls::default(),
     };
 
     // The library accepts its end on a private socket in a 0700 directory;
@@ -269,6 +271,8 @@ struct KickWatcher {
     /// The library's epoll handlers, one per worker thread (= queue).
     handlers: Vec<Arc<VringEpollHandler<Arc<CryptoBackend>>>>,
     backend: Arc<CryptoBackend>,
+    /// Timers of the rings polled for want of a kick eventfd.
+    polls: KickPolls,
 }
 
 impl KickWatch for KickWatcher {
@@ -277,7 +281,13 @@ impl KickWatch for KickWatcher {
             return Ok(());
         };
         let id = self.backend.kick_event_id();
-        let new = kick.map(File::try_clone).transpose()?.map(Arc::new);
+        // No kick eventfd (VRING_NOFD_MASK): a polling timer in its place
+        // (`crate::kick_poll`).
+        let was_polled = self.polls.stop(index);
+        let new = match kick {
+            Some(k) => Some(Arc::new(k.try_clone()?)),
+            None => Some(self.polls.start(index)?),
+        };
         if let Some(k) = &new {
             handler.register_listener(k.as_raw_fd(), EventSet::IN, id)?;
         }
@@ -289,6 +299,11 @@ impl KickWatch for KickWatcher {
             if let Err(e) = handler.unregister_listener(old.as_raw_fd(), EventSet::IN, id) {
                 debug!("ring {index}: the replaced kick eventfd was not in the epoll: {e}");
             }
+        }
+        if was_polled {
+            // A request the guest made available after the timer's last
+            // tick has no kick coming: one look at the ring.
+            self.backend.wake(index);
         }
         Ok(())
     }

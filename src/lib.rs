@@ -22,6 +22,7 @@
 //! - [`proxy`]: the frontend compatibility layer in front of vhost-user-backend;
 //! - [`memory_check`]: checks of the guest memory the frontend shares;
 //! - [`eventfd`]: checks and copies of the frontend's ring eventfds;
+//! - [`kick_poll`]: polling the data rings that have no kick eventfd;
 //! - [`backend`]: the vhost-user-backend device: features, memory, worker threads;
 //! - [`worker`]: one data queue's batches, from the avail ring to the used ring;
 //! - [`virtq`]: the device side of a split ring: ring, descriptor walk, segments;
@@ -47,6 +48,8 @@ pub mod proxy;
 pub mod memory_check;
 #[cfg(feature = "backend")]
 pub mod eventfd;
+#[cfg(feature = "backend")]
+pub mod kick_poll;
 #[cfg(feature = "backend")]
 pub mod backend;
 #[cfg(feature = "backend")]

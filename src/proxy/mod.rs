@@ -40,7 +40,11 @@
 //!   (`EAGAIN`: the frontend read the count first, two rings share the
 //!   eventfd, or the ring's earlier eventfd, left in the epoll, was
 //!   written) ends that queue's worker thread for the rest of the
-//!   connection (`docs/PROTOCOL.md` §8);
+//!   connection (`docs/PROTOCOL.md` §8); without an eventfd
+//!   (`VRING_NOFD_MASK`), the watch is told so (it has the ring polled,
+//!   [`crate::kick_poll`]) and the library gets an eventfd of the daemon's
+//!   own with the flag cleared, since it starts a ring only once it has
+//!   one;
 //! * `SET_MEM_TABLE` / `ADD_MEM_REG`: the regions' files are checked
 //!   first ([`crate::memory_check`]): sealed against shrinking where
 //!   possible (or refused with `--require-sealed-memory`), regular files

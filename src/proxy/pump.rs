@@ -16,7 +16,7 @@ use crate::eventfd::{check_ring_eventfd, own_eventfd, EventFdCopies};
 use crate::memory_check::check_memory_regions_bounded;
 use crate::sessions::SessionRegistry;
 use crate::wire::split_ring::MAX_QUEUE_SIZE;
-use crate::wire::vhost_user::{FrontendReq, Header, NEED_REPLY, VRING_IDX_MASK};
+use crate::wire::vhost_user::{FrontendReq, Header, NEED_REPLY, VRING_IDX_MASK, VRING_NOFD_MASK};
 
 use super::closer::{Closer, MAX_PENDING_CLOSES};
 use super::framing::{recv_message, send_all, Message};
@@ -279,8 +279,18 @@ impl Pump<'_, '_> {
                         let theirs = std::mem::replace(theirs, own_eventfd()?);
                         self.closer.close(theirs.into());
                     } else {
-                        // (`VRING_NOFD_MASK`: no eventfd.)
+                        // `VRING_NOFD_MASK`: no eventfd; the ring is to be
+                        // polled (`crate::kick_poll`). The library marks a
+                        // ring started only once it has a kick eventfd
+                        // (vhost-user-backend 0.24 `vring_needs_init`):
+                        // it gets one of the daemon's own, which nobody
+                        // writes, and the flag cleared.
                         watch.set_kick(index, None)?;
+                        if let Some(w) = msg.payload.get_mut(..8) {
+                            let word = u64::from_le_bytes(w.try_into().unwrap_or_default());
+                            w.copy_from_slice(&(word & !VRING_NOFD_MASK).to_le_bytes());
+                        }
+                        msg.fds.files.push(own_eventfd()?);
                     }
                 }
             }

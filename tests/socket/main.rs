@@ -14,6 +14,7 @@
 //! * [`rings`]: ring fields (H16), addresses, restarts, memory coming
 //!   back, H10 logged under seccomp;
 //! * [`busy_rings`]: control messages while a guest keeps a ring busy;
+//! * [`kick_polling`]: a ring started without a kick eventfd, polled;
 //! * [`notify_on_empty`]: `VIRTIO_F_NOTIFY_ON_EMPTY` against suppressed
 //!   notifications;
 //! * [`sessions`]: session messages, floods and churn, ids across
@@ -56,6 +57,7 @@ mod busy_rings;
 mod conventions;
 mod eventfds;
 mod handshake;
+mod kick_polling;
 mod lifecycle;
 mod memory;
 mod memory_checks;

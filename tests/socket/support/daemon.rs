@@ -53,8 +53,13 @@ impl Drop for Daemon {
 
 impl Daemon {
     pub fn spawn(extra: &[&str]) -> Daemon {
+        Daemon::spawn_logged(extra, "warn")
+    }
+
+    /// [`Daemon::spawn`] with `RUST_LOG` = `rust_log`.
+    pub fn spawn_logged(extra: &[&str], rust_log: &str) -> Daemon {
         Daemon {
-            inner: daemon::spawn_daemon_logged(extra, "warn"),
+            inner: daemon::spawn_daemon_logged(extra, rust_log),
             watchdog: None,
         }
         .with_watchdog(WATCHDOG)
