@@ -15,6 +15,9 @@
 //! every request of every batch, output bytes of a rotating sample cleared
 //! before its batch), so the test cannot pass by doing nothing.
 //!
+//! Indirect tables that straddle a region seam, copied into the worker's
+//! table buffer, allocate nothing either (counted on the test's own thread).
+//!
 //! With `HOT_PATH_ALLOC_TRACE=1` each counted allocation prints a backtrace
 //! (the first 8), to find where the data path allocates.
 
@@ -36,6 +39,8 @@ thread_local! {
     // allocates and never registers a thread-exit hook, so it is usable
     // inside the allocator.
     static COUNTING: Cell<bool> = const { Cell::new(false) };
+    // Allocations this thread made while counting.
+    static THREAD_ALLOCS: Cell<u64> = const { Cell::new(0) };
 }
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -52,6 +57,7 @@ fn note_alloc(size: usize) {
     if !counting() {
         return;
     }
+    let _ = THREAD_ALLOCS.try_with(|c| c.set(c.get() + 1));
     let n = ALLOCS.fetch_add(1, Ordering::Relaxed);
     ALLOC_BYTES.fetch_add(size as u64, Ordering::Relaxed);
     if TRACE.load(Ordering::Relaxed) && n < TRACE_MAX {
@@ -489,4 +495,41 @@ fn data_path_allocates_nothing() {
         (0, 0),
         "the data path allocated (rerun with HOT_PATH_ALLOC_TRACE=1 for backtraces)"
     );
+}
+
+#[test]
+fn indirect_tables_across_a_region_seam_allocate_nothing() {
+    // Region 0 ends at 4 MiB, where a GPA-adjacent region begins; each
+    // request's 5-entry table straddles the seam (3 entries before it).
+    let seam = 4 * MIB;
+    let mut vm = Vm::with_ranges(&[(0, seam as usize), (seam, MIB as usize)]);
+    let one_request = |vm: &mut Vm, count: bool| {
+        let bufs = vm.baseline();
+        let head = vhost_crypto_replay::driver_ring::write_table(&vm.ram(), seam - 48, &bufs);
+        vm.set_desc(0, head);
+        vm.push(0);
+        let ring = vm.ring();
+        let Vm {
+            worker,
+            mem,
+            next_avail,
+            next_used,
+            ..
+        } = vm;
+        let done = if count {
+            counted(|| process_all(worker, mem, ring, next_avail, next_used))
+        } else {
+            process_all(worker, mem, ring, next_avail, next_used)
+        };
+        assert_eq!(done, 1);
+        let u = vm.used(vm.next_used.wrapping_sub(1));
+        vm.assert_done(u, &NIST_CT);
+    };
+    // Warm-up (not counted), then 200 counted requests.
+    one_request(&mut vm, false);
+    let before = THREAD_ALLOCS.get();
+    for _ in 0..200 {
+        one_request(&mut vm, true);
+    }
+    assert_eq!(THREAD_ALLOCS.get() - before, 0, "allocations in process");
 }
