@@ -100,12 +100,14 @@ impl LaneReq<'_> {
                 used_len: (self.len + self.digest_len()) as u32 + 1,
                 status: Some(Status::Ok),
                 work: self.len as u64 + hashed,
+                src_len: self.len as u32,
             }
         } else {
             Completion {
                 used_len: 1,
                 status: Some(Status::Err),
                 work: hashed,
+                src_len: 0,
             }
         }
     }

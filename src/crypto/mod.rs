@@ -63,6 +63,10 @@ pub struct Completion {
     /// used length alone would count a failed digest check over a large
     /// src as 1 byte.
     pub work: u64,
+    /// `src_data_len` of a request whose cipher ran (status OK), else 0:
+    /// the length QEMU's cryptodev counts per symmetric operation
+    /// (`sym-encrypt-bytes`, `sym-decrypt-bytes`; [`crate::stats`]).
+    pub src_len: u32,
 }
 
 /// Limits applied to each request.
@@ -93,7 +97,7 @@ pub fn prepare<'s>(
 ) -> Prepared<'s> {
     let v = match validate(w, sessions, limits) {
         Ok(v) => v,
-        Err(status) => return Prepared::Done(complete(w, status, 0, 0)),
+        Err(status) => return Prepared::Done(complete(w, status, 0, 0, 0)),
     };
     let src_off = OP_DATA_REQ_SIZE + AES_CBC_IV_LEN as usize;
     // Lanes: encrypt requests, plain or chained, and chained decrypt
@@ -144,13 +148,14 @@ pub fn prepare<'s>(
     }
     let mut stream = v.key.start(v.direction, &v.iv);
     run_cipher(&mut stream, &w.readable, src_off, &w.writable, 0, v.len);
-    Prepared::Done(complete(w, Status::Ok, v.len as u32, v.len as u64))
+    Prepared::Done(complete(w, Status::Ok, v.len as u32, v.len as u64, v.len as u32))
 }
 
 /// Writes `status` (when the chain has a status byte) and says what was
 /// done: `written` bytes before the status byte, `work` bytes processed
-/// ([`Completion::work`]).
-pub(crate) fn complete(w: &ChainWalker, status: Status, written: u32, work: u64) -> Completion {
+/// ([`Completion::work`]), `src_len` bytes of src enciphered or
+/// deciphered ([`Completion::src_len`]).
+pub(crate) fn complete(w: &ChainWalker, status: Status, written: u32, work: u64, src_len: u32) -> Completion {
     match w.status {
         Some(p) => {
             // SAFETY: p points to the mapped last byte of a device-writable
@@ -160,12 +165,14 @@ pub(crate) fn complete(w: &ChainWalker, status: Status, written: u32, work: u64)
                 used_len: written + 1,
                 status: Some(status),
                 work,
+                src_len,
             }
         }
         None => Completion {
             used_len: 0,
             status: None,
             work,
+            src_len,
         },
     }
 }

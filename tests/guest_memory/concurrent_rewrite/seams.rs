@@ -101,6 +101,7 @@ fn descriptors_rewritten_after_the_walk_are_never_read_again() {
                     used_len: 65,
                     status: Some(Status::Ok),
                     work: 64,
+                    src_len: 64,
                 },
                 "{ctx}"
             );
@@ -146,6 +147,7 @@ fn header_iv_and_descriptors_rewritten_after_validation_are_never_read_again() {
                 used_len: 65,
                 status: Some(Status::Ok),
                 work: 64,
+                src_len: 64,
             },
             "indirect {indirect}"
         );
