@@ -94,6 +94,15 @@ pub enum Error {
 /// # Errors
 /// [`Error::SocketInUse`], [`Error::NotASocket`], [`Error::Socket`].
 pub fn bind_listener(path: &Path) -> Result<UnixListener, Error> {
+    bind_listener_with_mode(path, None)
+}
+
+/// [`bind_listener`], with the socket file given `mode` (permission bits)
+/// before it appears at `path` (`None`: as the umask leaves it).
+///
+/// # Errors
+/// As [`bind_listener`].
+pub fn bind_listener_with_mode(path: &Path, mode: Option<u32>) -> Result<UnixListener, Error> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_socket() => return Err(Error::NotASocket(path.into())),
         Ok(_) => {
@@ -112,6 +121,13 @@ pub fn bind_listener(path: &Path) -> Result<UnixListener, Error> {
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(|e| Error::Socket(path.into(), e))?;
+    if let Some(mode) = mode {
+        use std::os::unix::fs::PermissionsExt;
+        if let Err(e) = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::Socket(path.into(), e));
+        }
+    }
     if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);
         return Err(Error::Socket(path.into(), e));
