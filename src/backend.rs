@@ -143,9 +143,11 @@ impl CryptoBackend {
     pub fn new(tables: Vec<SessionTable>, limits: RequestLimits, poll: Duration) -> io::Result<Self> {
         let queues = tables.len();
         let disconnected = Arc::new(AtomicBool::new(false));
+        let stats = crate::stats::daemon();
         let workers = tables
             .into_iter()
-            .map(|t| Mutex::new(QueueWorker::new(t, limits)))
+            .enumerate()
+            .map(|(i, t)| Mutex::new(QueueWorker::new(t, limits).with_stats(stats.queue(i))))
             .collect();
         let exit = (0..queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))
@@ -385,6 +387,9 @@ impl CryptoBackend {
                                  (further failures on this connection are counted, not logged)"
                             );
                         }
+                    } else if state.get_call().is_some() {
+                        // (Without a call eventfd nothing was signalled.)
+                        worker.notified();
                     }
                 }
                 polling = true;

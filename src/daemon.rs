@@ -172,6 +172,7 @@ pub fn serve_stream(
     filter: Option<&WorkerFilter>,
 ) -> Result<(), Error> {
     let be = |e: &dyn std::fmt::Display| Error::Backend(e.to_string());
+    let _connected = crate::stats::daemon().frontend_connected();
     let (registry, tables) = session_set_with_ids(config.max_sessions, config.queues, session_ids());
     let backend = CryptoBackend::new(tables, config.limits, config.poll).map_err(|e| be(&e))?;
     let backend = Arc::new(match filter {
@@ -553,6 +554,8 @@ fn warn_if_ignored<E>(
 pub fn run(config: &Config) -> Result<(), Error> {
     // First, before any thread starts: every thread inherits the mask.
     crate::signals::handle_exit_signals().map_err(Error::Signals)?;
+    // (Where `uptime_s` counts from.)
+    let _ = crate::stats::daemon();
     probe_eventfd_check().map_err(Error::EventFdCheck)?;
     raise_descriptor_limit();
     // (This binary, also when its file was replaced or removed since.)

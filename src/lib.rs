@@ -29,6 +29,7 @@
 //! - [`crypto`]: one request: validation, status policy, cipher, lanes, AlgChain;
 //! - [`sessions`]: the session registry and the per-queue session tables;
 //! - [`seccomp`]: the queue workers' system-call allow-list;
+//! - [`stats`]: live statistics and the stats socket;
 //! - [`wire`]: the wire facts shared with the tools: virtio-crypto, vhost-user,
 //!   session payloads.
 
@@ -62,4 +63,6 @@ pub mod crypto;
 pub mod sessions;
 #[cfg(feature = "backend")]
 pub mod seccomp;
+#[cfg(feature = "backend")]
+pub mod stats;
 pub mod wire;

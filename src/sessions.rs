@@ -166,7 +166,21 @@ impl SessionRegistry {
     /// an auth key of 0 to 512 bytes, a digest of 1 up to the hash size,
     /// `aad_len` 0, and either encrypt + CIPHER_THEN_HASH or decrypt +
     /// HASH_THEN_CIPHER.
+    ///
+    /// Counted in the daemon's statistics ([`crate::stats`]).
     pub fn create(&mut self, info: &SymSessionInfo) -> i64 {
+        let id = self.create_session(info);
+        let stats = &crate::stats::daemon().sessions;
+        if id > 0 {
+            stats.created();
+        } else {
+            stats.create_failed();
+        }
+        id
+    }
+
+    /// [`SessionRegistry::create`] without the counting.
+    fn create_session(&mut self, info: &SymSessionInfo) -> i64 {
         let neg = |s: Status| -(s as i64);
         let op_type = u32::from(info.op_type);
         if info.op_code != VIRTIO_CRYPTO_CIPHER_CREATE_SESSION
@@ -243,6 +257,7 @@ impl SessionRegistry {
         // (`TableShared::apply_posted`).
         let waits: Vec<u64> = self.tables.iter().map(|t| t.post(Update::Remove(id))).collect();
         self.await_applied(&waits);
+        crate::stats::daemon().sessions.closed();
         debug!("session {id} closed");
         true
     }
@@ -268,6 +283,14 @@ impl SessionRegistry {
                 std::thread::sleep(AWAIT_APPLIED_POLL);
             }
         }
+    }
+}
+
+impl Drop for SessionRegistry {
+    /// The sessions still live end with the connection (counted as
+    /// `dropped` in the statistics).
+    fn drop(&mut self) {
+        crate::stats::daemon().sessions.dropped(self.live.len() as u64);
     }
 }
 

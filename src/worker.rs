@@ -43,6 +43,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::crypto::{prepare, run_lanes, LaneReq, Prepared, RequestLimits};
 use crate::sessions::{wipe_stack, SessionTable, WORKER_STACK_WIPE_BYTES};
+use crate::stats::{BatchCounts, QueueStats};
 use crate::virtq::descriptor::ChainWalker;
 use crate::virtq::ring::{
     vring_need_event, QueueError, Ring, RingAddrs, VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_NOTIFY,
@@ -105,19 +106,24 @@ pub struct QueueWorker {
     closes_seen: u64,
     /// Requests completed on this queue.
     pub completed: u64,
+    /// Where each batch's counts are added ([`crate::stats`]); none for
+    /// a worker outside the daemon (benches, tests).
+    stats: Option<&'static QueueStats>,
     /// Whether the last batch turned the driver's kicks off (polling),
     /// until they are turned on again
     /// ([`QueueWorker::enable_suppressed_kicks`]).
     kicks_off: bool,
 }
 
-/// Runs the waiting lanes and records their used lengths; returns
-/// the bytes they went through ([`crate::crypto::Completion::work`]).
+/// Runs the waiting lanes, records their used lengths and counts them in
+/// `counts`; returns the bytes they went through
+/// ([`crate::crypto::Completion::work`]).
 fn flush_lanes(
     lanes: &mut [Option<LaneReq<'_>>; MAX_LANES],
     slots: &[usize; MAX_LANES],
     n: &mut usize,
     done: &mut [(u16, u32)],
+    counts: &mut BatchCounts,
 ) -> u64 {
     run_lanes(&mut lanes[..*n]);
     let mut bytes = 0;
@@ -126,6 +132,7 @@ fn flush_lanes(
             let c = l.completion();
             d.1 = c.used_len;
             bytes += c.work;
+            counts.record(&c);
         }
     }
     *n = 0;
@@ -160,7 +167,21 @@ impl QueueWorker {
             unmapped: None,
             closes_seen: 0,
             completed: 0,
+            stats: None,
             kicks_off: false,
+        }
+    }
+
+    /// The same worker, adding each batch's counts to `stats`.
+    pub fn with_stats(mut self, stats: Option<&'static QueueStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// Counts a used-buffer notification signalled for this queue.
+    pub fn notified(&self) {
+        if let Some(s) = self.stats {
+            s.notified();
         }
     }
 
@@ -341,6 +362,9 @@ impl QueueWorker {
         // MAX_BATCH_BYTES so the driver sees them, and the locks are
         // let go.
         let mut bytes: u64 = 0;
+        // This batch's counts (plain integers; added to the queue's
+        // counters once, below).
+        let mut counts = BatchCounts::default();
         while *next_avail != end && bytes < MAX_BATCH_BYTES {
             let head = ring.avail_entry(*next_avail);
             *next_avail = next_avail.wrapping_add(1);
@@ -355,25 +379,26 @@ impl QueueWorker {
             match prepare(&self.walker, &sessions, self.limits, true) {
                 Prepared::Done(c) => {
                     bytes += c.work;
+                    counts.record(&c);
                     self.done.push((head, c.used_len));
                 }
                 Prepared::Lane(l) => {
                     l.prefetch();
                     let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));
                     if !same_key {
-                        bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+                        bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done, &mut counts);
                     }
                     lanes[n] = Some(l);
                     slots[n] = self.done.len();
                     self.done.push((head, 0));
                     n += 1;
                     if n == MAX_LANES {
-                        bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+                        bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done, &mut counts);
                     }
                 }
             }
         }
-        flush_lanes(&mut lanes, &slots, &mut n, &mut self.done);
+        flush_lanes(&mut lanes, &slots, &mut n, &mut self.done, &mut counts);
         for &(head, len) in &self.done {
             ring.put_used(*next_used, u32::from(head), len);
             *next_used = next_used.wrapping_add(1);
@@ -402,6 +427,9 @@ impl QueueWorker {
             result.notify = self.wants_notify(&ring, *next_avail, *next_used, first_used);
         }
         self.completed += u64::from(result.completed);
+        if let (Some(s), true) = (self.stats, result.completed > 0) {
+            s.publish(result.completed, &counts);
+        }
         Ok(result)
     }
 
