@@ -404,6 +404,11 @@ impl QueueWorker {
             *next_used = next_used.wrapping_add(1);
         }
         if result.completed > 0 {
+            // Counted before the driver can see them: a stats client that
+            // asks after a completion is seen finds it counted.
+            if let Some(s) = self.stats {
+                s.publish(result.completed, &counts);
+            }
             // Used elements before the index (Release in the store).
             ring.publish_used_idx(*next_used);
         }
@@ -427,9 +432,6 @@ impl QueueWorker {
             result.notify = self.wants_notify(&ring, *next_avail, *next_used, first_used);
         }
         self.completed += u64::from(result.completed);
-        if let (Some(s), true) = (self.stats, result.completed > 0) {
-            s.publish(result.completed, &counts);
-        }
         Ok(result)
     }
 
