@@ -114,6 +114,12 @@ pub struct Args {
     /// warning (a frontend truncating them would crash the daemon).
     #[arg(long)]
     pub require_sealed_memory: bool,
+
+    /// Unix socket (mode 0600) on which each connection gets the daemon's
+    /// counters as one JSON object, then EOF (docs/OPERATING.md); a stale
+    /// socket file is replaced, one in use is refused.
+    #[arg(long, value_name = "PATH")]
+    pub stats_socket: Option<PathBuf>,
 }
 
 /// Default of `--poll-us`.
@@ -141,6 +147,7 @@ impl From<Args> for Config {
             },
             seccomp: a.seccomp == SeccompArg::On,
             require_sealed_memory: a.require_sealed_memory,
+            stats_socket: a.stats_socket,
         }
     }
 }
@@ -158,6 +165,9 @@ mod tests {
         assert_eq!(c.session_abi, AbiChoice::Auto);
         assert!(c.seccomp, "seccomp is on by default");
         assert!(!c.require_sealed_memory);
+        assert_eq!(c.stats_socket, None);
+        let c: Config = Args::parse_from(["x", "--socket-path", "/s", "--stats-socket", "/t"]).into();
+        assert_eq!(c.stats_socket, Some(PathBuf::from("/t")));
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct Config {
     /// Whether guest memory that cannot be sealed against shrinking is
     /// refused ([`crate::proxy::ProxyConfig`]).
     pub require_sealed_memory: bool,
+    /// Stats socket path ([`crate::stats::server`]), if any.
+    pub stats_socket: Option<PathBuf>,
 }
 
 /// Host-side failures (guest errors never get here).
@@ -567,6 +569,19 @@ pub fn run(config: &Config) -> Result<(), Error> {
     } else {
         None
     };
+    // Before the frontend socket, whose file tells a frontend that the
+    // daemon is ready; the stats socket file is removed when `run`
+    // returns, or at SIGTERM and SIGINT ([`crate::signals`]).
+    let stats = match &config.stats_socket {
+        Some(p) => {
+            let server = crate::stats::server::start(p, config.queues)?;
+            if let Err(e) = crate::signals::remove_on_exit(p) {
+                warn!("{} will not be removed at exit: {e}", p.display());
+            }
+            Some(server)
+        }
+        None => None,
+    };
     let listener = match &config.listen {
         Listen::Path(path) => {
             let l = bind_listener(path)?;
@@ -597,6 +612,9 @@ pub fn run(config: &Config) -> Result<(), Error> {
         }
     };
     info!("listening on {}", config.listen);
+    if let Some(s) = &stats {
+        info!("statistics on {}", s.path().display());
+    }
     loop {
         if let Err(e) = serve_one(&listener, config, filter.as_ref()) {
             error!("{e}");

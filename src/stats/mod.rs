@@ -34,6 +34,8 @@
 //! * `throttled_s`: time the queue's worker spent throttled by the rate
 //!   limits, in seconds ([`QueueStats::throttled_ns`]).
 
+pub mod server;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Instant;

@@ -27,6 +27,7 @@
 //! * [`packaging`]: the files of `tools/packaging/`: the man page
 //!   generated from the command line, the systemd units
 //!   (`systemd-analyze verify`).
+//! * [`stats`]: the stats socket's counters, clients and file.
 //!
 //! Each test spawns daemons of its own (`support::Daemon`: `RUST_LOG=warn`,
 //! the log printed when the test fails, killed by a watchdog after 240 s),
@@ -67,3 +68,4 @@ mod notify_on_empty;
 mod packaging;
 mod rings;
 mod sessions;
+mod stats;
