@@ -574,7 +574,8 @@ pub fn run(config: &Config) -> Result<(), Error> {
     // returns, or at SIGTERM and SIGINT ([`crate::signals`]).
     let stats = match &config.stats_socket {
         Some(p) => {
-            let server = crate::stats::server::start(p, config.queues)?;
+            let l = bind_listener_with_mode(p, Some(crate::stats::server::STATS_SOCKET_MODE))?;
+            let server = crate::stats::server::start(l, p, config.queues).map_err(|e| Error::Socket(p.clone(), e))?;
             if let Err(e) = crate::signals::remove_on_exit(p) {
                 warn!("{} will not be removed at exit: {e}", p.display());
             }

@@ -132,7 +132,7 @@ fn flush_lanes(
             let c = l.completion();
             d.1 = c.used_len;
             bytes += c.work;
-            counts.record(&c);
+            counts.record(c.used_len, c.status, c.src_len);
         }
     }
     *n = 0;
@@ -379,7 +379,7 @@ impl QueueWorker {
             match prepare(&self.walker, &sessions, self.limits, true) {
                 Prepared::Done(c) => {
                     bytes += c.work;
-                    counts.record(&c);
+                    counts.record(c.used_len, c.status, c.src_len);
                     self.done.push((head, c.used_len));
                 }
                 Prepared::Lane(l) => {

@@ -42,7 +42,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::crypto::Completion;
+use crate::wire::virtio_crypto::Status;
 
 /// Most data queues the daemon serves (`--queues`).
 pub const MAX_QUEUES: usize = 64;
@@ -73,7 +73,7 @@ pub struct QueueStats {
 /// added to its [`QueueStats`] once at the end ([`QueueStats::publish`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct BatchCounts {
-    /// See [`Completion::src_len`].
+    /// `src_data_len` of the requests completed OK.
     pub bytes_in: u64,
     /// Used lengths less the status byte.
     pub bytes_out: u64,
@@ -82,13 +82,15 @@ pub struct BatchCounts {
 }
 
 impl BatchCounts {
-    /// Counts one completion.
+    /// Counts one completion: its used length, the status byte written
+    /// (none: the chain had no status byte) and the `src_data_len` of a
+    /// request completed OK (`crate::crypto::Completion`'s fields).
     #[inline]
-    pub fn record(&mut self, c: &Completion) {
-        self.bytes_in += u64::from(c.src_len);
+    pub fn record(&mut self, used_len: u32, status: Option<Status>, src_len: u32) {
+        self.bytes_in += u64::from(src_len);
         // (0 without a status byte: nothing was written.)
-        self.bytes_out += u64::from(c.used_len.saturating_sub(1));
-        if let Some(s) = c.status {
+        self.bytes_out += u64::from(used_len.saturating_sub(1));
+        if let Some(s) = status {
             self.status[s as usize] += 1;
         }
     }
@@ -357,21 +359,14 @@ pub struct QueueEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::virtio_crypto::Status;
 
     #[test]
     fn a_batch_counts_by_status_and_lengths() {
         let mut b = BatchCounts::default();
-        let c = |used_len, status, src_len| Completion {
-            used_len,
-            status,
-            work: 0,
-            src_len,
-        };
-        b.record(&c(65, Some(Status::Ok), 64));
-        b.record(&c(1, Some(Status::InvSess), 0));
-        b.record(&c(0, None, 0));
-        b.record(&c(1, Some(Status::Err), 0));
+        b.record(65, Some(Status::Ok), 64);
+        b.record(1, Some(Status::InvSess), 0);
+        b.record(0, None, 0);
+        b.record(1, Some(Status::Err), 0);
         assert_eq!(b.bytes_in, 64);
         assert_eq!(b.bytes_out, 64);
         assert_eq!(b.status, [1, 1, 0, 0, 1, 0]);

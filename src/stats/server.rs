@@ -24,9 +24,8 @@ use std::time::Duration;
 
 use log::{debug, warn};
 
-use crate::daemon::{bind_listener_with_mode, Error};
-
-/// Mode of the stats socket file: the daemon's user only.
+/// Mode of the stats socket file: the daemon's user only (the daemon
+/// binds it so, `crate::daemon::bind_listener_with_mode`).
 pub const STATS_SOCKET_MODE: u32 = 0o600;
 
 /// The bound stats socket file: its path (as a C string, for
@@ -60,16 +59,12 @@ impl Drop for StatsSocket {
     }
 }
 
-/// Binds the stats socket at `path` (mode 0600; a stale socket file is
-/// replaced, one another process listens on is refused, as for the
-/// frontend socket) and starts the thread that answers each connection
-/// with the counters of the first `queues` data queues.
+/// Starts the thread that answers each connection to `listener`, bound
+/// at `path`, with the counters of the first `queues` data queues.
 ///
 /// # Errors
-/// As [`bind_listener_with_mode`]; [`Error::Socket`] if the thread cannot
-/// be started.
-pub fn start(path: &Path, queues: usize) -> Result<StatsSocket, Error> {
-    let listener = bind_listener_with_mode(path, Some(STATS_SOCKET_MODE))?;
+/// The thread cannot be started (the socket file is then removed).
+pub fn start(listener: UnixListener, path: &Path, queues: usize) -> io::Result<StatsSocket> {
     if let (Ok(m), Ok(c)) = (
         std::fs::symlink_metadata(path),
         CString::new(path.as_os_str().as_bytes()),
@@ -80,12 +75,12 @@ pub fn start(path: &Path, queues: usize) -> Result<StatsSocket, Error> {
             ino: m.ino(),
         });
     }
+    let socket = StatsSocket { path: path.into() };
     let stats = super::daemon();
     thread::Builder::new()
         .name("vuc-stats".into())
-        .spawn(move || serve(&listener, stats, queues))
-        .map_err(|e| Error::Socket(path.into(), e))?;
-    Ok(StatsSocket { path: path.into() })
+        .spawn(move || serve(&listener, stats, queues))?;
+    Ok(socket)
 }
 
 /// Removes the stats socket file, if it is still the one this process
@@ -155,7 +150,8 @@ mod tests {
     fn answers_with_one_line_of_json_and_removes_its_file_when_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("stats.sock");
-        let socket = start(&path, 3).unwrap();
+        let listener = crate::daemon::bind_listener_with_mode(&path, Some(STATS_SOCKET_MODE)).unwrap();
+        let socket = start(listener, &path, 3).unwrap();
         let mode = std::fs::symlink_metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o7777, 0o600);
         let mut c = UnixStream::connect(&path).unwrap();
