@@ -271,10 +271,10 @@ pub struct Snapshot {
     pub queues: Vec<QueueEntry>,
 }
 
-/// Session counters: `live` now; the others since the daemon started.
+/// Session counters: `live` when read; the others since the daemon started.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SessionCounts {
-    /// Sessions live now (0 with no frontend).
+    /// Sessions live when read (0 with no frontend).
     pub live: u64,
     /// CREATEs answered with a session id.
     pub created: u64,
