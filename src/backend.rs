@@ -147,7 +147,11 @@ impl CryptoBackend {
         let workers = tables
             .into_iter()
             .enumerate()
-            .map(|(i, t)| Mutex::new(QueueWorker::new(t, limits).with_stats(stats.queue(i))))
+            .map(|(i, t)| {
+                let mut w = QueueWorker::new(t, limits);
+                w.set_stats(stats.queue(i));
+                Mutex::new(w)
+            })
             .collect();
         let exit = (0..queues)
             .map(|_| new_event_consumer_and_notifier(EventFlag::NONBLOCK))

@@ -172,10 +172,10 @@ impl QueueWorker {
         }
     }
 
-    /// The same worker, adding each batch's counts to `stats`.
-    pub fn with_stats(mut self, stats: Option<&'static QueueStats>) -> Self {
+    /// Adds each batch's counts to `stats` from the next batch on (none:
+    /// counts nothing).
+    pub fn set_stats(&mut self, stats: Option<&'static QueueStats>) {
         self.stats = stats;
-        self
     }
 
     /// Counts a used-buffer notification signalled for this queue.

@@ -123,7 +123,8 @@ impl QueueStats {
         self.notifications.fetch_add(1, Relaxed);
     }
 
-    fn read(&self) -> Counters {
+    /// The counters as they are when read.
+    pub fn counters(&self) -> Counters {
         let status = |i: usize| self.status[i].load(Relaxed);
         Counters {
             requests: self.requests.load(Relaxed),
@@ -223,7 +224,7 @@ impl DaemonStats {
             .enumerate()
             .map(|(index, q)| QueueEntry {
                 index,
-                counters: q.read(),
+                counters: q.counters(),
             })
             .collect();
         let totals = list.iter().fold(Counters::default(), |t, q| t.plus(&q.counters));
@@ -375,7 +376,7 @@ mod tests {
         q.publish(4, &b);
         q.notified();
         q.throttled_ns.fetch_add(1_500_000_000, Relaxed);
-        let r = q.read();
+        let r = q.counters();
         assert_eq!((r.requests, r.bytes_in, r.bytes_out, r.batches), (8, 128, 128, 2));
         assert_eq!(
             (r.status.ok, r.status.err, r.status.invsess, r.status.badmsg),

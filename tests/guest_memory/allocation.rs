@@ -4,7 +4,9 @@
 //! lanes, decrypt, split buffers through the block-by-block path, in place,
 //! indirect tables and direct chains) plus error requests of every status
 //! go through `QueueWorker::process` in batches, and the allocator is not
-//! called once while `process` runs.
+//! called once while `process` runs. The worker counts as in the daemon
+//! (`vhost_user_crypto::stats`), and its counters end equal to the
+//! statuses and lengths of the requests staged.
 //!
 //! Its `#[global_allocator]` is the one of the whole `guest_memory`
 //! binary: it counts the allocations a thread makes while that thread's
@@ -26,6 +28,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::common::*;
+use vhost_user_crypto::stats::QueueStats;
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::worker::QueueWorker;
 use vm_memory::GuestMemoryMmap;
@@ -429,6 +432,8 @@ fn data_path_allocates_nothing() {
         Ordering::Relaxed,
     );
     let mut vm = Vm::new();
+    let stats: &'static QueueStats = Box::leak(Box::default());
+    vm.worker.set_stats(Some(stats));
     assert_eq!(vm.reg.create(&session_info(&KEY2, 1)), E2 as i64);
     assert_eq!(vm.reg.create(&session_info(&KEY2, 2)), D2 as i64);
     let mut rng = Rng::new(0x0a11_0c47_2025);
@@ -482,6 +487,39 @@ fn data_path_allocates_nothing() {
     }
     assert!(valid_done >= 100_000, "{valid_done} valid requests");
     assert_eq!(vm.worker.completed, processed + n as u64);
+
+    // The counters: every request of every batch (the warm-up's too), by
+    // the status staged; one without a status byte in `requests` only;
+    // src_data_len (= dst bytes written) of the OK ones.
+    let rounds = BATCHES as u64 + 1;
+    let staged = |want: Option<u8>| reqs.iter().filter(|s| s.want_status() == want).count() as u64 * rounds;
+    assert!(staged(None) > 0);
+    let c = stats.counters();
+    assert_eq!(c.requests, n as u64 * rounds);
+    assert_eq!(
+        [
+            c.status.ok,
+            c.status.err,
+            c.status.badmsg,
+            c.status.notsupp,
+            c.status.invsess
+        ],
+        [
+            staged(Some(OK)),
+            staged(Some(ERR)),
+            0,
+            staged(Some(NOTSUPP)),
+            staged(Some(INVSESS))
+        ]
+    );
+    assert_eq!(c.bytes_in, staged(Some(OK)) * LEN as u64);
+    assert_eq!(c.bytes_out, staged(Some(OK)) * LEN as u64);
+    // (At most 64 requests a batch: at least two for each 128.)
+    assert!(
+        (2 * rounds..=c.requests).contains(&c.batches),
+        "{} batches",
+        c.batches
+    );
 
     let allocs = ALLOCS.load(Ordering::Relaxed);
     let bytes = ALLOC_BYTES.load(Ordering::Relaxed);
