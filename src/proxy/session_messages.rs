@@ -38,6 +38,7 @@ fn create_session(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice
         Some((_, Ok(info))) => registry.create(&info),
         Some((_, Err(e))) => {
             warn!("CREATE_CRYPTO_SESSION refused: {e}");
+            crate::stats::daemon().sessions.create_failed();
             -(Status::Err as i64)
         }
         None => {
@@ -45,6 +46,7 @@ fn create_session(registry: &mut SessionRegistry, payload: &[u8], abi: AbiChoice
                 "CREATE_CRYPTO_SESSION refused: payload of {} bytes matches no layout",
                 payload.len()
             );
+            crate::stats::daemon().sessions.create_failed();
             -(Status::Err as i64)
         }
     };

@@ -145,7 +145,8 @@ impl QueueStats {
 }
 
 /// Session registry counters since the daemon started, all connections
-/// together (`crate::sessions::SessionRegistry` counts).
+/// together (`crate::sessions::SessionRegistry` counts them, and the
+/// frontend layer the CREATEs whose payload it cannot decode).
 #[derive(Debug, Default)]
 pub struct SessionStats {
     live: AtomicU64,

@@ -180,6 +180,12 @@ fn counters_equal_the_requests_sent_by_status_per_queue_and_across_reconnects() 
     let closed = fe.create_session(&session(&NIST_KEY, 1)).unwrap() as u64;
     // A 7-byte AES key: refused with a negative id.
     assert_eq!(fe.create_session(&session(&[7; 7], 1)).unwrap(), ID_ERR);
+    // A payload of 100 bytes, no layout's size: a negative id too.
+    let mut msg = vec![26, 0, 0, 0, 1, 0, 0, 0, 100, 0, 0, 0];
+    msg.extend_from_slice(&[0x41; 100]);
+    fe.send_raw(&msg).unwrap();
+    let reply = fe.recv_raw_reply().unwrap();
+    assert!(i64::from_le_bytes(reply[12..20].try_into().unwrap()) < 0);
     fe.close_session(closed).unwrap();
     // CLOSE of an id never given: ignored, not counted.
     fe.close_session(999_999).unwrap();
@@ -231,7 +237,7 @@ fn counters_equal_the_requests_sent_by_status_per_queue_and_across_reconnects() 
     }
     assert_eq!(
         s["sessions"],
-        json!({"live": 2, "created": 3, "closed": 1, "create_failed": 1, "dropped": 0})
+        json!({"live": 2, "created": 3, "closed": 1, "create_failed": 2, "dropped": 0})
     );
 
     // Disconnected: nothing is reset; the two live sessions end with the
@@ -242,7 +248,7 @@ fn counters_equal_the_requests_sent_by_status_per_queue_and_across_reconnects() 
     assert_counters(&s["queues"][1], &q1, "queue 1 after the disconnect");
     assert_eq!(
         s["sessions"],
-        json!({"live": 0, "created": 3, "closed": 1, "create_failed": 1, "dropped": 2})
+        json!({"live": 0, "created": 3, "closed": 1, "create_failed": 2, "dropped": 2})
     );
     daemon.assert_alive("the first frontend");
 
@@ -267,7 +273,7 @@ fn counters_equal_the_requests_sent_by_status_per_queue_and_across_reconnects() 
     );
     assert_eq!(
         s["sessions"],
-        json!({"live": 1, "created": 4, "closed": 1, "create_failed": 1, "dropped": 2})
+        json!({"live": 1, "created": 4, "closed": 1, "create_failed": 2, "dropped": 2})
     );
 }
 
