@@ -26,9 +26,9 @@ use vmm_sys_util::epoll::EventSet;
 use crate::backend::CryptoBackend;
 use crate::crypto::RequestLimits;
 use crate::eventfd::{probe_eventfd_check, EventFdCopies};
+use crate::kick_poll::KickPolls;
 pub use crate::listen::Listen;
 use crate::listen::{FdError, Inherited};
-use crate::kick_poll::KickPolls;
 use crate::memory_check::helper::use_memory_check_helper;
 use crate::proxy::{self, AbiChoice, Closer, KickWatch, ProxyConfig};
 use crate::seccomp::WorkerFilter;
@@ -575,7 +575,8 @@ pub fn run(config: &Config) -> Result<(), Error> {
     let stats = match &config.stats_socket {
         Some(p) => {
             let l = bind_listener_with_mode(p, Some(crate::stats::server::STATS_SOCKET_MODE))?;
-            let server = crate::stats::server::start(l, p, config.queues).map_err(|e| Error::Socket(p.clone(), e))?;
+            let server =
+                crate::stats::server::start(l, p, config.queues).map_err(|e| Error::Socket(p.clone(), e))?;
             if let Err(e) = crate::signals::remove_on_exit(p) {
                 warn!("{} will not be removed at exit: {e}", p.display());
             }
