@@ -79,7 +79,7 @@ pub(super) fn run_alg_chain(w: &ChainWalker, v: &Valid<'_, '_>, c: &AlgChain<'_>
         feed_mac(&mut mac, &w.readable, src_off + c.hash_off, c.hash_len);
         // The expected digest is read once into a local copy.
         if !gather(&w.writable, v.len, digest) || !mac.verify_truncated(digest) {
-            return complete(w, Status::Err, 0, c.hash_len as u64, 0);
+            return complete(w, Status::Err, 0, c.hash_len as u64, v.len as u64);
         }
     }
     // dst outside the cipher range: the src bytes (a no-op when in place).
@@ -112,7 +112,7 @@ pub(super) fn run_alg_chain(w: &ChainWalker, v: &Valid<'_, '_>, c: &AlgChain<'_>
         Status::Ok,
         (v.len + c.digest_len) as u32,
         (v.len + c.hash_len) as u64,
-        v.len as u32,
+        v.len as u64,
     )
 }
 

@@ -90,6 +90,11 @@ impl LaneReq<'_> {
         prefetch_write(self.status);
     }
 
+    /// The request's validated `src_data_len` ([`Completion::src_len`]).
+    pub fn src_len(&self) -> u64 {
+        self.len as u64
+    }
+
     /// The completion once [`run_lanes`] has run it: used length
     /// `dst_data_len + hash_result_len + 1` and OK, or 1 and ERR on a
     /// digest mismatch (as `run_alg_chain` gives).
@@ -100,14 +105,14 @@ impl LaneReq<'_> {
                 used_len: (self.len + self.digest_len()) as u32 + 1,
                 status: Some(Status::Ok),
                 work: self.len as u64 + hashed,
-                src_len: self.len as u32,
+                src_len: self.len as u64,
             }
         } else {
             Completion {
                 used_len: 1,
                 status: Some(Status::Err),
                 work: hashed,
-                src_len: 0,
+                src_len: self.len as u64,
             }
         }
     }

@@ -63,10 +63,13 @@ pub struct Completion {
     /// used length alone would count a failed digest check over a large
     /// src as 1 byte.
     pub work: u64,
-    /// `src_data_len` of a request whose cipher ran (status OK), else 0:
-    /// the length QEMU's cryptodev counts per symmetric operation
-    /// (`sym-encrypt-bytes`, `sym-decrypt-bytes`; [`crate::stats`]).
-    pub src_len: u32,
+    /// `src_data_len` of a request that passed validation, 0 for one
+    /// refused before its cipher ran: what the rate limit charges
+    /// ([`crate::throttle`]) and, for requests completed OK, the stats'
+    /// `bytes_in` ([`crate::stats`]), the length QEMU's cryptodev counts
+    /// per symmetric operation (`sym_op_info->src_len`,
+    /// `backends/cryptodev.c`).
+    pub src_len: u64,
 }
 
 /// Limits applied to each request.
@@ -148,14 +151,14 @@ pub fn prepare<'s>(
     }
     let mut stream = v.key.start(v.direction, &v.iv);
     run_cipher(&mut stream, &w.readable, src_off, &w.writable, 0, v.len);
-    Prepared::Done(complete(w, Status::Ok, v.len as u32, v.len as u64, v.len as u32))
+    Prepared::Done(complete(w, Status::Ok, v.len as u32, v.len as u64, v.len as u64))
 }
 
 /// Writes `status` (when the chain has a status byte) and says what was
 /// done: `written` bytes before the status byte, `work` bytes processed
-/// ([`Completion::work`]), `src_len` bytes of src enciphered or
-/// deciphered ([`Completion::src_len`]).
-pub(crate) fn complete(w: &ChainWalker, status: Status, written: u32, work: u64, src_len: u32) -> Completion {
+/// ([`Completion::work`]), `src_len` the validated `src_data_len`
+/// ([`Completion::src_len`]).
+pub(crate) fn complete(w: &ChainWalker, status: Status, written: u32, work: u64, src_len: u64) -> Completion {
     match w.status {
         Some(p) => {
             // SAFETY: p points to the mapped last byte of a device-writable

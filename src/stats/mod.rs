@@ -83,11 +83,14 @@ pub struct BatchCounts {
 
 impl BatchCounts {
     /// Counts one completion: its used length, the status byte written
-    /// (none: the chain had no status byte) and the `src_data_len` of a
-    /// request completed OK (`crate::crypto::Completion`'s fields).
+    /// (none: the chain had no status byte) and the request's validated
+    /// `src_data_len`, counted when it completed OK
+    /// (`crate::crypto::Completion`'s fields).
     #[inline]
-    pub fn record(&mut self, used_len: u32, status: Option<Status>, src_len: u32) {
-        self.bytes_in += u64::from(src_len);
+    pub fn record(&mut self, used_len: u32, status: Option<Status>, src_len: u64) {
+        if status == Some(Status::Ok) {
+            self.bytes_in += src_len;
+        }
         // (0 without a status byte: nothing was written.)
         self.bytes_out += u64::from(used_len.saturating_sub(1));
         if let Some(s) = status {
