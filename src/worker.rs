@@ -113,6 +113,12 @@ pub struct QueueWorker {
     /// until they are turned on again
     /// ([`QueueWorker::enable_suppressed_kicks`]).
     kicks_off: bool,
+    /// Most chains per batch: [`MAX_BATCH`], or less under a rate limit
+    /// ([`QueueWorker::set_batch_caps`]).
+    max_batch: u16,
+    /// A batch ends once its requests' `src_data_len` reach this
+    /// (`u64::MAX`: no byte limit).
+    max_batch_src: u64,
 }
 
 /// Runs the waiting lanes, records their used lengths and counts them in
@@ -147,6 +153,10 @@ pub struct BatchResult {
     /// Whether the driver wants a used-buffer notification for them (see
     /// the module documentation); false when nothing completed.
     pub notify: bool,
+    /// `src_data_len` of the chains put on the used ring that passed
+    /// validation ([`crate::crypto::Completion::src_len`]): what the rate
+    /// limit charges ([`crate::throttle`]).
+    pub src_bytes: u64,
 }
 
 impl QueueWorker {
@@ -169,6 +179,8 @@ impl QueueWorker {
             completed: 0,
             stats: None,
             kicks_off: false,
+            max_batch: MAX_BATCH,
+            max_batch_src: u64::MAX,
         }
     }
 
@@ -183,6 +195,15 @@ impl QueueWorker {
         if let Some(s) = self.stats {
             s.notified();
         }
+    }
+
+    /// Caps each batch at `ops` chains (at most [`MAX_BATCH`], at least 1)
+    /// and ends it once its requests' `src_data_len` reach `src_bytes`
+    /// (after the request that reaches it): the rate limit's batch caps
+    /// ([`crate::throttle::Throttle::batch_caps`]).
+    pub fn set_batch_caps(&mut self, ops: u64, src_bytes: u64) {
+        self.max_batch = u16::try_from(ops).unwrap_or(MAX_BATCH).clamp(1, MAX_BATCH);
+        self.max_batch_src = src_bytes.max(1);
     }
 
     /// Whether the caller busy-polls the ring after this call (kicks are
@@ -352,8 +373,8 @@ impl QueueWorker {
         let mut slots = [0usize; MAX_LANES];
         let mut n = 0;
         self.done.clear();
-        let end = if ahead > MAX_BATCH {
-            next_avail.wrapping_add(MAX_BATCH)
+        let end = if ahead > self.max_batch {
+            next_avail.wrapping_add(self.max_batch)
         } else {
             avail
         };
@@ -365,7 +386,10 @@ impl QueueWorker {
         // This batch's counts (plain integers; added to the queue's
         // counters once, below).
         let mut counts = BatchCounts::default();
-        while *next_avail != end && bytes < MAX_BATCH_BYTES {
+        // The requests' `src_data_len`, for the rate limit: a throttled
+        // batch also ends at its byte cap.
+        let mut src: u64 = 0;
+        while *next_avail != end && bytes < MAX_BATCH_BYTES && src < self.max_batch_src {
             let head = ring.avail_entry(*next_avail);
             *next_avail = next_avail.wrapping_add(1);
             result.completed += 1;
@@ -380,10 +404,12 @@ impl QueueWorker {
                 Prepared::Done(c) => {
                     bytes += c.work;
                     counts.record(c.used_len, c.status, c.src_len);
+                    src += c.src_len;
                     self.done.push((head, c.used_len));
                 }
                 Prepared::Lane(l) => {
                     l.prefetch();
+                    src += l.src_len();
                     let same_key = lanes[0].as_ref().is_none_or(|f| std::ptr::eq(f.key, l.key));
                     if !same_key {
                         bytes += flush_lanes(&mut lanes, &slots, &mut n, &mut self.done, &mut counts);
@@ -432,6 +458,7 @@ impl QueueWorker {
             result.notify = self.wants_notify(&ring, *next_avail, *next_used, first_used);
         }
         self.completed += u64::from(result.completed);
+        result.src_bytes = src;
         Ok(result)
     }
 
