@@ -2,14 +2,17 @@
 //! Command-line arguments of the `vhost-user-crypto` daemon.
 
 use std::ffi::OsString;
+use std::num::NonZeroU64;
 use std::os::fd::RawFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{ArgGroup, Parser, ValueEnum};
 
 use crate::crypto::RequestLimits;
 use crate::daemon::{Config, Listen};
 use crate::proxy::AbiChoice;
+use crate::throttle::{RateLimits, Throttle};
 use crate::wire::session::SessionAbi;
 
 /// Layout of the CREATE_CRYPTO_SESSION payload.
@@ -120,10 +123,30 @@ pub struct Args {
     /// socket file is replaced, one in use is refused.
     #[arg(long, value_name = "PATH")]
     pub stats_socket: Option<PathBuf>,
+    /// Most requests per second, all queues together (as QEMU's
+    /// cryptodev `throttle-ops`); a queue over it takes no requests from
+    /// its avail ring until tokens return. Burst: 100 ms worth.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_ops_per_sec: Option<u64>,
+
+    /// Most bytes (src_data_len) per second, all queues together (as
+    /// QEMU's cryptodev `throttle-bps`). Burst: 100 ms worth.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_bytes_per_sec: Option<u64>,
 }
 
 /// Default of `--poll-us`.
 pub const DEFAULT_POLL_US: u64 = 50;
+
+/// The process-wide throttle of `--max-ops-per-sec` and
+/// `--max-bytes-per-sec`, if either is given.
+fn throttle(ops: Option<u64>, bytes: Option<u64>, queues: usize) -> Option<Arc<Throttle>> {
+    let limits = RateLimits {
+        ops_per_sec: ops.and_then(NonZeroU64::new),
+        bytes_per_sec: bytes.and_then(NonZeroU64::new),
+    };
+    limits.any().then(|| Arc::new(Throttle::new(limits, queues)))
+}
 
 impl From<Args> for Config {
     fn from(a: Args) -> Self {
@@ -148,6 +171,7 @@ impl From<Args> for Config {
             seccomp: a.seccomp == SeccompArg::On,
             require_sealed_memory: a.require_sealed_memory,
             stats_socket: a.stats_socket,
+            throttle: throttle(a.max_ops_per_sec, a.max_bytes_per_sec, usize::from(a.queues)),
         }
     }
 }
@@ -168,6 +192,35 @@ mod tests {
         assert_eq!(c.stats_socket, None);
         let c: Config = Args::parse_from(["x", "--socket-path", "/s", "--stats-socket", "/t"]).into();
         assert_eq!(c.stats_socket, Some(PathBuf::from("/t")));
+        assert!(c.throttle.is_none(), "no rate limit by default");
+    }
+
+    #[test]
+    fn rate_limits() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["x", "--socket-path", "/s", "--queues", "2"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).map(Config::from)
+        };
+        let c = parse(&["--max-ops-per-sec", "5000"]).unwrap();
+        let t = c.throttle.expect("a throttle");
+        assert_eq!(t.limits().ops_per_sec, NonZeroU64::new(5000));
+        assert_eq!(t.limits().bytes_per_sec, None);
+        // 5000/s × 25 ms over 2 queues.
+        assert_eq!(t.batch_caps(), (62, u64::MAX));
+        let c = parse(&["--max-bytes-per-sec", "1280000", "--max-ops-per-sec", "7"]).unwrap();
+        let t = c.throttle.expect("a throttle");
+        assert_eq!(t.limits().bytes_per_sec, NonZeroU64::new(1_280_000));
+        assert_eq!(t.limits().ops_per_sec, NonZeroU64::new(7));
+        for bad in [
+            &["--max-ops-per-sec", "0"][..],
+            &["--max-bytes-per-sec", "0"],
+            &["--max-ops-per-sec", "-1"],
+            &["--max-bytes-per-sec", "1k"],
+            &["--max-ops-per-sec"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -31,6 +31,7 @@ use crate::crypto::RequestLimits;
 use crate::eventfd::read_eventfd_nowait;
 use crate::seccomp::WorkerFilter;
 use crate::sessions::SessionTable;
+use crate::throttle::Throttle;
 use crate::virtq::ring::RingAddrs;
 use crate::wire::split_ring::MAX_QUEUE_SIZE;
 use crate::worker::QueueWorker;
@@ -125,6 +126,9 @@ pub struct CryptoBackend {
     notify_on_empty: AtomicBool,
     disconnected: Arc<AtomicBool>,
     signal_failures: AtomicU64,
+    /// The device-wide rate limits, shared by every connection (`None`:
+    /// no limit, one branch per batch).
+    throttle: Option<Arc<Throttle>>,
 }
 
 thread_local! {
@@ -176,7 +180,31 @@ impl CryptoBackend {
             notify_on_empty: AtomicBool::new(false),
             disconnected,
             signal_failures: AtomicU64::new(0),
+            throttle: None,
         })
+    }
+
+    /// The same backend, whose queue workers take their batches' tokens
+    /// from `throttle` (and cap their batches to its
+    /// [`Throttle::batch_caps`]); `None` leaves them unlimited.
+    pub fn with_throttle(mut self, throttle: Option<Arc<Throttle>>) -> Self {
+        if let Some(t) = &throttle {
+            let (ops, bytes) = t.batch_caps();
+            for w in &mut self.workers {
+                w.get_mut()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .set_batch_caps(ops, bytes);
+            }
+        }
+        self.throttle = throttle;
+        self
+    }
+
+    /// Time queue `queue`'s worker has spent waiting for rate-limit
+    /// tokens, in ns, since the daemon started (the throttle outlives
+    /// connections); 0 without a limit or past the last queue.
+    pub fn throttled_ns(&self, queue: usize) -> u64 {
+        self.throttle.as_ref().map_or(0, |t| t.throttled_ns(queue))
     }
 
     /// The same backend, whose queue worker threads each install `filter`
@@ -291,6 +319,16 @@ impl CryptoBackend {
     /// it stops). Out of line: see [`crate::sessions::wipe_stack`].
     #[inline(never)]
     fn process_vring(&self, queue: usize, vring: &VringRwLock) -> io::Result<()> {
+        // Rate limit: this queue competes for tokens until it returns.
+        let _busy = self.throttle.as_ref().map(|t| t.busy());
+        // Over the rate limit (its last batch, maybe on an earlier
+        // connection, left debt): no request is taken before the tokens
+        // are back.
+        if let Some(t) = &self.throttle {
+            if t.sleep_until_ready(queue, &self.disconnected).is_none() {
+                return Ok(());
+            }
+        }
         let Some(atomic) = self.mem.read().ok().and_then(|m| m.clone()) else {
             debug!("kick on queue {queue} before SET_MEM_TABLE");
             return Ok(());
@@ -397,10 +435,24 @@ impl CryptoBackend {
                     }
                 }
                 polling = true;
-                last_work = Instant::now();
                 idle_spins = 0;
                 drop(state);
                 drop(worker);
+                // Rate limit: the batch's tokens are taken now (one atomic
+                // read-modify-write), and while they are owed the worker
+                // sleeps (no lock held, kicks still off: the guest's
+                // requests wait in the avail ring), then looks at the ring
+                // again, kicked or not (`crate::throttle`).
+                if let Some(t) = &self.throttle {
+                    t.charge(queue, u64::from(r.completed), r.src_bytes);
+                    match t.sleep_until_ready(queue, &self.disconnected) {
+                        None => return Ok(()),
+                        // (The locks were free meanwhile.)
+                        Some(slept) if !slept.is_zero() => busy_since = Instant::now(),
+                        Some(_) => {}
+                    }
+                }
+                last_work = Instant::now();
                 lock_gap_if_due(last_work, &mut busy_since);
                 continue;
             }

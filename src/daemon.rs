@@ -33,6 +33,7 @@ use crate::memory_check::helper::use_memory_check_helper;
 use crate::proxy::{self, AbiChoice, Closer, KickWatch, ProxyConfig};
 use crate::seccomp::WorkerFilter;
 use crate::sessions::{session_set_with_ids, SessionIds};
+use crate::throttle::Throttle;
 
 /// Daemon configuration (from the command line).
 #[derive(Debug, Clone)]
@@ -56,6 +57,10 @@ pub struct Config {
     pub require_sealed_memory: bool,
     /// Stats socket path ([`crate::stats::server`]), if any.
     pub stats_socket: Option<PathBuf>,
+    /// The rate limits' throttle, one for the whole process (its
+    /// per-queue throttled time runs across connections); `None`: no
+    /// limit ([`crate::throttle`]).
+    pub throttle: Option<Arc<Throttle>>,
 }
 
 /// Host-side failures (guest errors never get here).
@@ -177,6 +182,7 @@ pub fn serve_stream(
     let _connected = crate::stats::daemon().frontend_connected();
     let (registry, tables) = session_set_with_ids(config.max_sessions, config.queues, session_ids());
     let backend = CryptoBackend::new(tables, config.limits, config.poll).map_err(|e| be(&e))?;
+    let backend = backend.with_throttle(config.throttle.clone());
     let backend = Arc::new(match filter {
         Some(f) => backend.with_seccomp(f.clone()),
         None => backend,

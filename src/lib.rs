@@ -30,6 +30,7 @@
 //! - [`sessions`]: the session registry and the per-queue session tables;
 //! - [`seccomp`]: the queue workers' system-call allow-list;
 //! - [`stats`]: live statistics and the stats socket;
+//! - [`throttle`]: the device-wide rate limits (ops and bytes per second);
 //! - [`wire`]: the wire facts shared with the tools: virtio-crypto, vhost-user,
 //!   session payloads.
 
@@ -65,4 +66,5 @@ pub mod sessions;
 pub mod seccomp;
 #[cfg(feature = "backend")]
 pub mod stats;
+pub mod throttle;
 pub mod wire;

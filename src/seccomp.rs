@@ -76,7 +76,8 @@ pub const ALLOWED: &[Allowed] = &[
     },
     Allowed {
         name: "futex",
-        reason: "contended locks: the worker, session-table and memory locks, stderr, glibc malloc \
+        reason: "contended locks: the worker, session-table and memory locks, stderr, glibc malloc; \
+                 a worker waiting for rate-limit tokens (thread::park_timeout) \
                  (FUTEX_WAIT, FUTEX_WAKE, FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET only)",
     },
     Allowed {
