@@ -6,7 +6,10 @@
 //!   self-test, NIST known answers through AF_ALG, a cross-check against
 //!   the guest's own AES and rekeys;
 //! * [`soak`]: the replay tool's soak, 100,000 mixed requests with rekeys
-//!   in flight, every output checked against OpenSSL too.
+//!   in flight, every output checked against OpenSSL too;
+//! * [`throttle`]: the rate limits, behaviour tests with wide bounds
+//!   (20,000 requests in 3.6 to 4.8 s at each limit, two backlogged
+//!   queues sharing the budget).
 //!
 //! The known-answer traces the replay tool sends are replayed by its own
 //! tests (`tools/replay/tests`) and by `tools/test.sh`.
@@ -23,6 +26,7 @@ mod common;
 
 mod qemu;
 mod soak;
+mod throttle;
 
 /// Taken by every test of this binary: alone by a QEMU guest, shared by
 /// the soaks.
