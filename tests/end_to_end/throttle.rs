@@ -170,3 +170,28 @@ fn two_backlogged_queues_each_get_at_least_40_percent_of_the_ops() {
         );
     }
 }
+
+#[test]
+fn a_worker_waiting_off_a_long_debt_does_not_hold_up_the_teardown() {
+    let _beside_soaks_only = crate::shared();
+    // Two 64 KiB requests at 1000 B/s: the first runs at once and leaves
+    // 65 s of debt, the second waits in the ring.
+    let daemon = spawn_daemon(&["--max-bytes-per-sec", "1000"]);
+    let t = generated(2, 65_536);
+    let mut fe = CryptoFrontend::connect(&daemon.sock, &config(&t, 1)).unwrap();
+    let r = replay(&mut fe, &t, &options(Duration::from_secs(1))).unwrap();
+    assert_eq!((r.requests, r.missing), (1, 1), "{r:?}");
+    assert_eq!(r.status_counts.get("ok"), Some(&1), "{:?}", r.status_counts);
+    // The frontend leaves while the worker sleeps: the next one is served
+    // at once (the worker looks at the disconnect flag every 5 ms), and
+    // its handshake and sessions work; its requests wait for the tokens,
+    // which belong to the device, not to a connection.
+    drop(fe);
+    let start = Instant::now();
+    let mut fe = CryptoFrontend::connect(&daemon.sock, &config(&t, 1)).unwrap();
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(2), "the next frontend waited {took:?}");
+    let s = generated(1, 16);
+    let r = replay(&mut fe, &s, &options(Duration::from_millis(500))).unwrap();
+    assert_eq!((r.sessions_created, r.requests, r.missing), (1, 0, 1), "{r:?}");
+}
