@@ -64,6 +64,21 @@ const LOCK_GAP_EVERY: Duration = Duration::from_millis(10);
 /// How long the worker then leaves its locks alone.
 const LOCK_GAP: Duration = Duration::from_micros(50);
 
+/// Sleeps until queue `queue` may take requests again under the rate
+/// limits ([`Throttle::sleep_until_ready`]) and adds the time slept to the
+/// queue's `throttled_s` ([`crate::stats::QueueStats::throttled_ns`]).
+/// `None`: the frontend is gone (`stop`).
+fn throttle_wait(t: &Throttle, queue: usize, stop: &AtomicBool) -> Option<Duration> {
+    let slept = t.sleep_until_ready(queue, stop)?;
+    if !slept.is_zero() {
+        if let Some(q) = crate::stats::daemon().queue(queue) {
+            let ns = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
+            q.throttled_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+    Some(slept)
+}
+
 /// The lock gap, if due: when [`LOCK_GAP_EVERY`] has passed from `since`
 /// to `now` (the worker having taken its locks batch after batch, or look
 /// after look, all that time), stays away from them for [`LOCK_GAP`] and
@@ -325,7 +340,7 @@ impl CryptoBackend {
         // connection, left debt): no request is taken before the tokens
         // are back.
         if let Some(t) = &self.throttle {
-            if t.sleep_until_ready(queue, &self.disconnected).is_none() {
+            if throttle_wait(t, queue, &self.disconnected).is_none() {
                 return Ok(());
             }
         }
@@ -445,7 +460,7 @@ impl CryptoBackend {
                 // again, kicked or not (`crate::throttle`).
                 if let Some(t) = &self.throttle {
                     t.charge(queue, u64::from(r.completed), r.src_bytes);
-                    match t.sleep_until_ready(queue, &self.disconnected) {
+                    match throttle_wait(t, queue, &self.disconnected) {
                         None => return Ok(()),
                         // (The locks were free meanwhile.)
                         Some(slept) if !slept.is_zero() => busy_since = Instant::now(),
