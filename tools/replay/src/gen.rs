@@ -3,6 +3,14 @@
 //! from the tool's reference cipher ([`crate::reference`]: RustCrypto's
 //! `cbc` and `aes` crates, pinned by NIST SP 800-38A vectors, not through
 //! the daemon's `algorithms` crate), never from a backend.
+//!
+//! A trace is compact by default: `create_session` lines, one `generate`
+//! line per session used (its requests' IVs and data come from the line's
+//! seed, their expected outputs are computed when the trace is loaded),
+//! then `close_session` lines: a few hundred bytes however many requests.
+//! [`GenOptions::expanded`] writes each request of those `generate` lines
+//! as an explicit `request` line instead (hex IV, source and expected
+//! output), the same requests in the same order.
 
 use std::io::{self, Write};
 
@@ -20,7 +28,7 @@ pub enum GenOpcode {
     Encrypt,
     /// All requests decrypt.
     Decrypt,
-    /// Alternating encrypt and decrypt.
+    /// Half encrypt, half decrypt: request i decrypts when i is odd.
     Mixed,
 }
 
@@ -39,11 +47,36 @@ pub struct GenOptions {
     pub key_bits: u32,
     /// PRNG seed.
     pub seed: u64,
+    /// Explicit `request` lines instead of `generate` lines.
+    pub expanded: bool,
 }
 
 /// Largest generated request (bytes): the daemon's default
 /// `--max-request-bytes` (1 MiB), which `--spawn-daemon` runs it with.
 pub const MAX_GENERATED_SIZE: usize = 1 << 20;
+
+/// The two session directions, in the order of a key's sessions.
+const DIRECTIONS: [(Direction, &str); 2] = [(Direction::Encrypt, "encrypt"), (Direction::Decrypt, "decrypt")];
+
+/// How many of the `count` requests go to each key and direction:
+/// request i uses key `i % sessions`, and for [`GenOpcode::Mixed`]
+/// decrypts when i is odd. Indexed `[key][0 encrypt, 1 decrypt]`.
+fn shares(o: &GenOptions) -> Vec<[u64; 2]> {
+    let keys = u64::from(o.sessions);
+    let mut n = vec![[0u64; 2]; o.sessions as usize];
+    // Key and direction repeat every 2 * keys requests.
+    let period = 2 * keys;
+    let (full, rest) = (o.count / period, o.count % period);
+    for i in 0..period.min(o.count) {
+        let dir = match o.opcode {
+            GenOpcode::Encrypt => 0,
+            GenOpcode::Decrypt => 1,
+            GenOpcode::Mixed => (i % 2) as usize,
+        };
+        n[(i % keys) as usize][dir] += full + u64::from(i < rest);
+    }
+    n
+}
 
 /// Writes the trace.
 ///
@@ -66,12 +99,13 @@ pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
     if o.sessions == 0 {
         return Err(bad("--sessions must be at least 1".into()));
     }
+    // The keys, then one seed per key and direction, from --seed.
     let mut rng = rng::seeded(o.seed);
     let mut keys = Vec::new();
     for s in 0..o.sessions {
         let mut key = vec![0u8; o.key_bits as usize / 8];
         rng.fill_bytes(&mut key);
-        for dir in ["encrypt", "decrypt"] {
+        for (_, dir) in DIRECTIONS {
             writeln!(
                 w,
                 r#"{{"op":"create_session","name":"{dir}{s}","algo":"aes-cbc","key":"{}","direction":"{dir}"}}"#,
@@ -80,36 +114,48 @@ pub fn generate(o: &GenOptions, w: &mut impl Write) -> io::Result<()> {
         }
         keys.push(key);
     }
+    let seeds: Vec<[u64; 2]> = (0..o.sessions)
+        .map(|_| [rng.next_u64(), rng.next_u64()])
+        .collect();
+    let size = o.size;
     let mut iv = [0u8; 16];
-    let mut src = vec![0u8; o.size];
-    for i in 0..o.count {
-        let s = (i % u64::from(o.sessions)) as usize;
-        let dir = match o.opcode {
-            GenOpcode::Encrypt => Direction::Encrypt,
-            GenOpcode::Decrypt => Direction::Decrypt,
-            GenOpcode::Mixed if i % 2 == 0 => Direction::Encrypt,
-            GenOpcode::Mixed => Direction::Decrypt,
-        };
-        rng.fill_bytes(&mut iv);
-        rng.fill_bytes(&mut src);
-        let mut dst = src.clone();
-        aes_cbc(dir, &keys[s], &iv, &mut dst).map_err(|e| bad(e.to_string()))?;
-        let name = if dir == Direction::Encrypt {
-            "encrypt"
-        } else {
-            "decrypt"
-        };
-        writeln!(
-            w,
-            r#"{{"op":"request","session":"{name}{s}","opcode":"{name}","iv":"{}","src":"{}","expect":{{"status":"ok","dst":"{}"}}}}"#,
-            hex(&iv),
-            hex(&src),
-            hex(&dst)
-        )?;
+    let mut src = vec![0u8; size];
+    let mut dst = vec![0u8; size];
+    for (s, n) in shares(o).iter().enumerate() {
+        for (d, &(direction, dir)) in DIRECTIONS.iter().enumerate() {
+            let (count, seed) = (n[d], seeds[s][d]);
+            if count == 0 {
+                continue;
+            }
+            if !o.expanded {
+                writeln!(
+                    w,
+                    r#"{{"op":"generate","session":"{dir}{s}","opcode":"{dir}","size":{size},"count":{count},"seed":{seed}}}"#
+                )?;
+                continue;
+            }
+            // What the `generate` line stands for (`crate::trace`): per
+            // request the IV, then the source, from the line's seed.
+            let mut rng = rng::seeded(seed);
+            for _ in 0..count {
+                rng.fill_bytes(&mut iv);
+                rng.fill_bytes(&mut src);
+                dst.copy_from_slice(&src);
+                aes_cbc(direction, &keys[s], &iv, &mut dst).map_err(|e| bad(e.to_string()))?;
+                writeln!(
+                    w,
+                    r#"{{"op":"request","session":"{dir}{s}","opcode":"{dir}","iv":"{}","src":"{}","expect":{{"status":"ok","dst":"{}"}}}}"#,
+                    hex(&iv),
+                    hex(&src),
+                    hex(&dst)
+                )?;
+            }
+        }
     }
     for s in 0..o.sessions {
-        writeln!(w, r#"{{"op":"close_session","name":"encrypt{s}"}}"#)?;
-        writeln!(w, r#"{{"op":"close_session","name":"decrypt{s}"}}"#)?;
+        for (_, dir) in DIRECTIONS {
+            writeln!(w, r#"{{"op":"close_session","name":"{dir}{s}"}}"#)?;
+        }
     }
     w.flush()
 }
@@ -129,6 +175,7 @@ mod tests {
             sessions: 2,
             key_bits: 192,
             seed: 3,
+            expanded: false,
         };
         generate(&o, &mut out).unwrap();
         let t = Trace::parse(&out[..]).unwrap();
@@ -159,6 +206,7 @@ mod tests {
             sessions: 1,
             key_bits: 128,
             seed: 1,
+            expanded: false,
         };
         assert!(generate(&o, &mut Vec::new()).is_ok());
         for size in [(1 << 20) + 16, 1 << 40] {

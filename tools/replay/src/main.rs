@@ -166,6 +166,10 @@ struct GenArgs {
     /// PRNG seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Write every request as an explicit `request` line (hex data and
+    /// expected output) instead of one `generate` line per session.
+    #[arg(long)]
+    expanded: bool,
     /// Output file.
     #[arg(long)]
     out: PathBuf,
@@ -270,6 +274,7 @@ fn run_gen(g: GenArgs) -> Result<ExitCode, String> {
         sessions: g.sessions,
         key_bits: g.key_bits,
         seed: g.seed,
+        expanded: g.expanded,
     };
     // Check the options before touching an existing --out file.
     generate(

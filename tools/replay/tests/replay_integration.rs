@@ -278,6 +278,7 @@ fn a_backend_that_stops_completing_ends_the_run_with_a_report() {
             sessions: 1,
             key_bits: 128,
             seed: 1,
+            expanded: false,
         },
         &mut text,
     )
