@@ -8,7 +8,8 @@
 //! session messages), [`trace`] (the JSON
 //! Lines format), [`replay`] (pipelined replay and checks), [`gen`]
 //! (benchmark traces), [`raw`] (descriptor-level requests), [`soak`]
-//! (seeded soak runs), [`spawn`] (`--spawn-daemon`), [`rng`] (the seeded
+//! (seeded soak runs), [`progress`] (the progress bar), [`spawn`]
+//! (`--spawn-daemon`), [`rng`] (the seeded
 //! generator), [`reference`](mod@reference) (the cipher expected outputs
 //! come from).
 
@@ -18,6 +19,7 @@ pub mod driver_ring;
 pub mod frontend;
 pub mod gen;
 pub mod guest_mem;
+pub mod progress;
 pub mod raw;
 pub mod reference;
 pub mod replay;

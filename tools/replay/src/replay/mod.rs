@@ -93,14 +93,6 @@ fn replay_on(
     let slots: Vec<Vec<Option<InFlight>>> = queues.iter().map(|q| vec![None; usize::from(q.size)]).collect();
     let now = Instant::now();
     let started = queues.iter().map(|q| vec![now; usize::from(q.size)]).collect();
-    let bar = (opts.progress && total >= 10_000).then(|| {
-        let b = indicatif::ProgressBar::new(total);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {per_sec} eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
     // Every run of requests laid out for replaying ([`Prepared`]: the
     // bytes of each request back to back in one arena, the block
     // signatures of the expected outputs in another, and a compact record
@@ -124,6 +116,8 @@ fn replay_on(
         .iter()
         .map(|q| vec![[0; OP_DATA_REQ_SIZE]; usize::from(q.buffer_sets())])
         .collect();
+    // Started once the requests are laid out (see `crate::progress`).
+    let bar = (opts.progress && total >= 10_000).then(|| crate::progress::bar(total));
     let mut run = Run {
         ctl,
         queues,

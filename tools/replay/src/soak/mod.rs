@@ -341,14 +341,6 @@ pub fn soak(
         .iter()
         .map(|q| (0..q.slots()).map(|_| DescsPut::default()).collect())
         .collect();
-    let bar = (o.progress && o.count >= 10_000).then(|| {
-        let b = indicatif::ProgressBar::new(o.count);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} requests {per_sec} eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
     let mut run = Soak {
         fe,
         o,
@@ -368,12 +360,14 @@ pub fn soak(
         used: Vec::with_capacity(1024),
         expect: vec![0u8; o.max_size + 16],
         got: vec![0u8; o.max_size + 16],
-        bar,
+        bar: None,
     };
     for _ in 0..o.sessions {
         let s = run.new_session()?;
         run.sess.push(s);
     }
+    // Started with the first request (see `crate::progress`).
+    run.bar = (o.progress && o.count >= 10_000).then(|| crate::progress::bar(o.count));
     let t0 = Instant::now();
     if let Err(e) = run.run() {
         run.report.error = Some(e.to_string());
