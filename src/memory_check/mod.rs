@@ -134,7 +134,8 @@ pub(crate) fn check_memory_regions_bounded(
 /// `VhostUserMemory` (u32 count, u32 padding, then 32-byte regions: guest
 /// address, size, frontend address, mmap offset), or for ADD_MEM_REG an u64
 /// padding and one region (vhost-user spec, "Memory regions description").
-pub(crate) fn check_memory_regions(
+/// (Public for the `socket` fuzz target, `tools/fuzz`.)
+pub fn check_memory_regions(
     request: FrontendReq,
     payload: &[u8],
     fds: &[File],

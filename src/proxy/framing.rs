@@ -16,10 +16,13 @@ use super::closer::Closer;
 /// A received message: header, payload, attached fds. The payload is
 /// zeroized when the message is dropped: a CREATE_CRYPTO_SESSION carries
 /// the session's keys.
-pub(super) struct Message {
-    pub(super) hdr: [u8; HDR_SIZE],
-    pub(super) payload: Zeroizing<Vec<u8>>,
-    pub(super) fds: Fds,
+pub struct Message {
+    /// The 12 header bytes ([`Header::from_bytes`]).
+    pub hdr: [u8; HDR_SIZE],
+    /// The header's `size` payload bytes.
+    pub payload: Zeroizing<Vec<u8>>,
+    /// The descriptors that came with any of the message's bytes.
+    pub fds: Fds,
 }
 
 impl Message {
@@ -44,8 +47,9 @@ impl Drop for Message {
 /// dropped: the frontend chooses what they are, and closing some of them
 /// blocks for as long as it likes (a TCP socket with `SO_LINGER` and
 /// unsent data, socket(7); a FUSE file it serves).
-pub(super) struct Fds {
-    pub(super) files: Vec<File>,
+pub struct Fds {
+    /// The descriptors, in the order received.
+    pub files: Vec<File>,
     closer: Option<Closer>,
 }
 
@@ -92,9 +96,15 @@ pub(super) fn recv_some(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize,
 
 /// Receives one whole message from `sock`, with every descriptor that came
 /// with any of its bytes (a plain `read` would let the kernel close those,
-/// see [`recv_some`]). Descriptors go to `closer` when dropped, if given.
-/// `None` at the end of the stream before a header.
-pub(super) fn recv_message(sock: &UnixStream, closer: Option<&Closer>) -> io::Result<Option<Message>> {
+/// see `recv_some`). Descriptors go to `closer` when dropped, if given.
+/// `None` at the end of the stream before a header. (Public for the
+/// `socket` fuzz target, `tools/fuzz`.)
+///
+/// # Errors
+/// Socket errors; `UnexpectedEof` for a stream that ends inside a message;
+/// `InvalidData` for a payload over [`MAX_PAYLOAD`] bytes or more than
+/// [`MAX_FDS`] descriptors with one message.
+pub fn recv_message(sock: &UnixStream, closer: Option<&Closer>) -> io::Result<Option<Message>> {
     let mut fds = Fds {
         files: Vec::new(),
         closer: closer.cloned(),

@@ -305,7 +305,7 @@ impl Pump<'_, '_> {
 /// in the vhost-user spec (SET_LOG_BASE, SET_LOG_FD, SET_BACKEND_REQ_FD,
 /// SET_INFLIGHT_FD, SET_DEVICE_STATE_FD, REM_MEM_REG) belong to features
 /// the daemon does not offer.
-pub(super) fn takes_descriptors(req: FrontendReq) -> bool {
+pub fn takes_descriptors(req: FrontendReq) -> bool {
     matches!(
         req,
         FrontendReq::SET_MEM_TABLE
@@ -323,7 +323,7 @@ pub(super) fn takes_descriptors(req: FrontendReq) -> bool {
 ///
 /// # Errors
 /// `InvalidData` (the connection ends) for any other count.
-pub(super) fn check_descriptor_count(req: FrontendReq, payload: &[u8], fds: usize) -> io::Result<()> {
+pub fn check_descriptor_count(req: FrontendReq, payload: &[u8], fds: usize) -> io::Result<()> {
     let expected = match req {
         FrontendReq::SET_MEM_TABLE => {
             let Some(n) = payload.get(..4) else {
