@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::common;
-use crate::harness::{engines, queue, seeds, session};
+use crate::harness::{engines, queue, seeds, session, socket};
 use algorithms::Direction;
 
 /// OpenSSL's AES-CBC (no padding, [`common::oracle`]) as the `queue`
@@ -104,6 +104,22 @@ fn engines_seeds_are_in_the_corpus_and_round_trip() {
 }
 
 #[test]
+fn socket_seeds_are_in_the_corpus_and_round_trip() {
+    let seeds = socket::seeds();
+    let mut encoded = Vec::new();
+    for (name, p) in &seeds {
+        let bytes = p.encode();
+        assert_eq!(
+            &socket::SocketProgram::decode(&bytes),
+            p,
+            "seed {name} round trip"
+        );
+        encoded.push((*name, bytes));
+    }
+    check_seed_files("socket", &encoded);
+}
+
+#[test]
 fn replay_engines_corpus() {
     let mut total = engines::Outcome::default();
     let files = corpus_files("engines");
@@ -167,6 +183,39 @@ fn replay_session_corpus() {
 }
 
 #[test]
+fn replay_socket_corpus() {
+    let mut total = socket::Outcome::default();
+    let files = corpus_files("socket");
+    for f in &files {
+        let data = fs::read(f).expect("read corpus file");
+        let o = socket::run(&data);
+        total.pieces += o.pieces;
+        total.messages += o.messages;
+        total.fds += o.fds;
+        total.ends += o.ends;
+        total.truncated += o.truncated;
+        total.refused += o.refused;
+        total.count_refused += o.count_refused;
+        total.tables += o.tables;
+        total.tables_ok += o.tables_ok;
+    }
+    eprintln!("socket corpus: {} files, {total:?}", files.len());
+    // Not vacuous: whole messages with descriptors, each way a stream ends,
+    // and memory tables both accepted and refused.
+    assert!(files.len() >= 12);
+    assert!(total.messages >= 30 && total.fds >= 10, "{total:?}");
+    assert!(
+        total.ends >= 2 && total.truncated >= 2 && total.refused >= 2,
+        "{total:?}"
+    );
+    assert!(total.count_refused >= 1, "{total:?}");
+    assert!(
+        total.tables_ok >= 3 && total.tables >= total.tables_ok + 4,
+        "{total:?}"
+    );
+}
+
+#[test]
 fn arbitrary_bytes_decode_and_run() {
     // Any input is a program: short, empty and patterned inputs run clean.
     let mut inputs: Vec<Vec<u8>> = vec![Vec::new(), vec![0], vec![0xFF; 3], vec![0xAA; 200]];
@@ -178,10 +227,11 @@ fn arbitrary_bytes_decode_and_run() {
         queue::run_with(i, openssl_reference);
         session::run(i);
         engines::run(i);
+        socket::run(i);
     }
 }
 
-/// `FUZZ_REPLAY=<file> [FUZZ_TARGET=queue|session|engines] cargo test --test
+/// `FUZZ_REPLAY=<file> [FUZZ_TARGET=queue|session|engines|socket] cargo test --test
 /// fuzz_corpus replay_one -- --ignored --nocapture` prints the decoded
 /// program of one input (a crash artifact, say) and runs it. A tool, not a
 /// check: ignored unless asked for.
@@ -193,6 +243,9 @@ fn replay_one() {
     if std::env::var("FUZZ_TARGET").as_deref() == Ok("engines") {
         eprintln!("{:#?}", engines::EnginesProgram::decode(&data));
         eprintln!("{:?}", engines::run(&data));
+    } else if std::env::var("FUZZ_TARGET").as_deref() == Ok("socket") {
+        eprintln!("{:#?}", socket::SocketProgram::decode(&data));
+        eprintln!("{:?}", socket::run(&data));
     } else if std::env::var("FUZZ_TARGET").as_deref() == Ok("session") {
         eprintln!("{:#?}", session::SessionProgram::decode(&data));
         eprintln!("{:?}", session::run(&data));

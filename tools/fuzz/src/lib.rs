@@ -11,6 +11,7 @@
 //! * [`engines`]: the `engines` target (the AES and SHA engines against RustCrypto);
 //! * [`queue`]: the `queue` target (descriptor rings through `QueueWorker::process`);
 //! * [`session`]: the `session` target (session messages, `handle_create`, the registry);
+//! * [`socket`]: the `socket` target (message framing, descriptor counts, memory tables);
 //! * [`seeds`]: the seed corpus, built from the hostile-guest cases;
 //! * [`alloc`]: the counting allocator behind the zero-allocation check.
 
@@ -20,3 +21,4 @@ pub mod queue;
 pub mod reader;
 pub mod seeds;
 pub mod session;
+pub mod socket;
