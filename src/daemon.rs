@@ -562,6 +562,13 @@ fn warn_if_ignored<E>(
 pub fn run(config: &Config) -> Result<(), Error> {
     // First, before any thread starts: every thread inherits the mask.
     crate::signals::handle_exit_signals().map_err(Error::Signals)?;
+    // The inherited descriptor is taken before the daemon opens any of
+    // its own, one of which could otherwise take that number when the
+    // caller passed nothing there.
+    let inherited = match &config.listen {
+        Listen::Fd(fd) => Some(crate::listen::inherit(*fd)?),
+        Listen::Path(_) => None,
+    };
     // (Where `uptime_s` counts from.)
     let _ = crate::stats::daemon();
     probe_eventfd_check().map_err(Error::EventFdCheck)?;
@@ -590,15 +597,17 @@ pub fn run(config: &Config) -> Result<(), Error> {
         }
         None => None,
     };
-    let listener = match &config.listen {
-        Listen::Path(path) => {
+    let listener = match (&config.listen, inherited) {
+        (Listen::Fd(_), Some(inherited)) => inherited,
+        // (Not met: the descriptor was inherited above.)
+        (Listen::Fd(fd), None) => crate::listen::inherit(*fd)?,
+        (Listen::Path(path), _) => {
             let l = bind_listener(path)?;
             if let Err(e) = crate::signals::remove_on_exit(path) {
                 warn!("{} will not be removed at exit: {e}", path.display());
             }
             Inherited::Listener(l)
         }
-        Listen::Fd(fd) => crate::listen::inherit(*fd)?,
     };
     // Logged once the socket is bound, so that a socket problem is the
     // only line printed.

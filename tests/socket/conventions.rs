@@ -273,7 +273,16 @@ fn fd_is_refused_with_socket_path_and_on_anything_but_a_unix_stream_socket() {
         path.as_ref(),
     ];
     let high: &[&OsStr] = &["--fd".as_ref(), "1000".as_ref()];
-    let cases: [(&[&OsStr], Option<RawFd>, i32, &str); 6] = [
+    // Nothing passed as descriptor 3: the daemon's own stats socket must
+    // not be taken for it.
+    let stats = dir.path().join("stats");
+    let fd3_stats: Vec<&OsStr> = vec![
+        "--fd".as_ref(),
+        "3".as_ref(),
+        "--stats-socket".as_ref(),
+        stats.as_ref(),
+    ];
+    let cases: [(&[&OsStr], Option<RawFd>, i32, &str); 7] = [
         (&both, Some(listener.as_raw_fd()), 2, "cannot be used with"),
         (&[], None, 2, "the following required arguments were not provided"),
         (
@@ -295,6 +304,7 @@ fn fd_is_refused_with_socket_path_and_on_anything_but_a_unix_stream_socket() {
             "descriptor 3 (--fd) is a Unix socket of another type than SOCK_STREAM",
         ),
         (high, None, 1, "descriptor 1000 (--fd): Bad file descriptor"),
+        (&fd3_stats, None, 1, "descriptor 3 (--fd): Bad file descriptor"),
     ];
     for (args, fd, code, says) in cases {
         let mut d = Spawned::new(args, fd);
@@ -303,6 +313,7 @@ fn fd_is_refused_with_socket_path_and_on_anything_but_a_unix_stream_socket() {
         assert_eq!(status.and_then(|s| s.code()), Some(code), "{args:?}: {log}");
         assert!(log.contains(says), "{args:?}: {log}");
         assert!(!path.exists(), "{args:?}: it bound --socket-path");
+        assert!(!stats.exists(), "{args:?}: it bound --stats-socket");
     }
 }
 
