@@ -127,7 +127,16 @@ pub fn bind_listener_with_mode(path: &Path, mode: Option<u32>) -> Result<UnixLis
     tmp.push(format!(".{}.tmp", std::process::id()));
     let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
-    let listener = UnixListener::bind(&tmp).map_err(|e| Error::Socket(path.into(), e))?;
+    // With a mode, the socket is made with it (through the umask), so no
+    // other user can connect between bind and chmod.
+    // SAFETY: umask(2) only sets the process's file mode mask.
+    let old_umask = mode.map(|m| unsafe { libc::umask(!m & 0o777) });
+    let bound = UnixListener::bind(&tmp);
+    if let Some(old) = old_umask {
+        // SAFETY: as above, restoring the mask.
+        unsafe { libc::umask(old) };
+    }
+    let listener = bound.map_err(|e| Error::Socket(path.into(), e))?;
     if let Some(mode) = mode {
         use std::os::unix::fs::PermissionsExt;
         if let Err(e) = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)) {
