@@ -343,6 +343,10 @@ impl KickWatch for KickWatcher {
     }
 }
 
+/// The pause before the daemon accepts again after a failed connection
+/// (a failed accept or connection set-up).
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
 /// How long a connection's teardown may take before the daemon starts
 /// waking workers blocked on the frontend's eventfds.
 const TEARDOWN_GRACE: Duration = Duration::from_millis(100);
@@ -644,6 +648,10 @@ pub fn run(config: &Config) -> Result<(), Error> {
     loop {
         if let Err(e) = serve_one(&listener, config, filter.as_ref()) {
             error!("{e}");
+            // (A listening socket that keeps failing, such as an
+            // inherited one its other holder shut down, is not retried
+            // in a busy loop.)
+            thread::sleep(ACCEPT_RETRY);
         }
     }
 }
