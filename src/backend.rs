@@ -215,13 +215,6 @@ impl CryptoBackend {
         self
     }
 
-    /// Time queue `queue`'s worker has spent waiting for rate-limit
-    /// tokens, in ns, since the daemon started (the throttle outlives
-    /// connections); 0 without a limit or past the last queue.
-    pub fn throttled_ns(&self, queue: usize) -> u64 {
-        self.throttle.as_ref().map_or(0, |t| t.throttled_ns(queue))
-    }
-
     /// The same backend, whose queue worker threads each install `filter`
     /// on themselves the first time they run its code.
     pub fn with_seccomp(mut self, filter: WorkerFilter) -> Self {

@@ -66,9 +66,10 @@
 //!
 //! # Throttled time
 //!
-//! Each queue's time spent waiting for tokens, in nanoseconds, from daemon
-//! start ([`Throttle::throttled_ns`]); the throttle lives for the whole
-//! process, across frontend connections.
+//! [`Throttle::sleep_until_ready`] returns the time a queue's worker
+//! waited for tokens; the worker adds it to the queue's `throttled_s` in
+//! the statistics (`crate::stats`, from daemon start). The throttle lives
+//! for the whole process, across frontend connections.
 //!
 //! While a worker waits it holds no lock and takes no request from the
 //! avail ring: the guest sees backpressure (its requests wait in the
@@ -140,8 +141,6 @@ struct QueueState {
     ready_at: AtomicU64,
     /// The queue's own arrival time (ns since the epoch).
     own_tat: AtomicU64,
-    /// Time spent waiting for tokens, ns.
-    throttled_ns: AtomicU64,
 }
 
 /// An `AtomicU64` on a cache line of its own.
@@ -272,13 +271,13 @@ impl Throttle {
     }
 
     /// Sleeps until queue `queue` may start its next batch, in slices of at
-    /// most [`SLEEP_SLICE`], adding the time slept to its throttled time,
-    /// and returns that time (zero: it did not wait). Returns `None`,
-    /// sooner, once `stop` is set (the frontend is gone).
+    /// most [`SLEEP_SLICE`], and returns the time slept (zero: it did not
+    /// wait; a queue past the last does not). Returns `None`, sooner, once
+    /// `stop` is set (the frontend is gone).
     pub fn sleep_until_ready(&self, queue: usize, stop: &AtomicBool) -> Option<Duration> {
-        let Some(q) = self.queues.get(queue) else {
+        if queue >= self.queues.len() {
             return Some(Duration::ZERO);
-        };
+        }
         let mut total = Duration::ZERO;
         loop {
             let start = Instant::now();
@@ -291,19 +290,8 @@ impl Throttle {
             }
             // (May return early: the loop looks again.)
             std::thread::park_timeout(Duration::from_nanos(wait).min(SLEEP_SLICE));
-            let slept = start.elapsed();
-            total += slept;
-            let ns = u64::try_from(slept.as_nanos()).unwrap_or(u64::MAX);
-            q.throttled_ns.fetch_add(ns, Ordering::Relaxed);
+            total += start.elapsed();
         }
-    }
-
-    /// Time queue `queue` has spent waiting for tokens since the daemon
-    /// started, in ns (0 past the last queue).
-    pub fn throttled_ns(&self, queue: usize) -> u64 {
-        self.queues
-            .get(queue)
-            .map_or(0, |q| q.throttled_ns.load(Ordering::Relaxed))
     }
 }
 
@@ -568,13 +556,6 @@ mod tests {
             slept >= Duration::from_millis(115) && slept <= took,
             "{slept:?} {took:?}"
         );
-        let counted = Duration::from_nanos(t.throttled_ns(0));
-        assert!(
-            counted >= Duration::from_millis(115) && counted <= took,
-            "{counted:?} {took:?}"
-        );
-        assert_eq!(t.throttled_ns(1), 0);
-        assert_eq!(t.throttled_ns(7), 0);
         // 10 s of debt on queue 1: a stop ends the wait within a slice.
         t.charge(1, 10_000, 0);
         let (r, took) = std::thread::scope(|s| {
