@@ -13,7 +13,9 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # gcc and libc6-dev: the C parts of ring and openssl-sys, linking, and the
-# guest image's static binaries; curl: rustup, when Rust is missing.
+# guest image's static binaries; systemd and man-db: the packaging test's
+# `systemd-analyze verify` of the units (which looks up their man page);
+# curl: rustup, when Rust is missing.
 pkgs=(qemu-system-x86 busybox-static kmod xz-utils libssl-dev pkg-config gcc libc6-dev systemd man-db)
 # shellcheck disable=SC1091
 if ! command -v cargo >/dev/null 2>&1 && [ -e "$HOME/.cargo/env" ]; then . "$HOME/.cargo/env"; fi
