@@ -368,9 +368,13 @@ fn sigterm_mid_run_exits_0_within_a_second() {
     if let Ok(r) = run.join().unwrap() {
         assert!(r.requests < total && r.error.is_some(), "{}", r.requests);
     }
+    // (1 session; 0 if the signal came in the moment between two passes,
+    // when the run has closed its session and not yet created the next.)
     let log = d.log();
     assert!(
-        log.contains("SIGTERM: exiting; session keys zeroized: 1 (in 1 session tables)"),
+        ["1", "0"].iter().any(|n| log.contains(&format!(
+            "SIGTERM: exiting; session keys zeroized: {n} (in 1 session tables)"
+        ))),
         "{log}"
     );
     assert!(!path.exists(), "the socket file is left");
