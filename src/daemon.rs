@@ -66,6 +66,9 @@ pub struct Config {
 /// Host-side failures (guest errors never get here).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// `--stats-socket` names the frontend socket's path.
+    #[error("--stats-socket {0} is the --socket-path too: give each its own path")]
+    SameSocket(PathBuf),
     /// Another process is listening on the socket.
     #[error("socket {0} is in use by another process")]
     SocketInUse(PathBuf),
@@ -599,6 +602,9 @@ pub fn run(config: &Config) -> Result<(), Error> {
     // daemon is ready; the stats socket file is removed when `run`
     // returns, or at SIGTERM and SIGINT ([`crate::signals`]).
     let stats = match &config.stats_socket {
+        Some(p) if matches!(&config.listen, Listen::Path(l) if l == p) => {
+            return Err(Error::SameSocket(p.clone()));
+        }
         Some(p) => {
             let l = bind_listener_with_mode(p, Some(crate::stats::server::STATS_SOCKET_MODE))?;
             let server =

@@ -307,13 +307,15 @@ fn stats_clients_that_never_read_block_nothing() {
     }
 }
 
-/// The daemon at `stats` as a plain child (no frontend socket wait):
-/// its exit status and stderr, or `None` if it still runs after 10 s.
-fn start_expecting_exit(stats: &Path) -> Option<(std::process::ExitStatus, String)> {
+/// The daemon at `stats` as a plain child (no frontend socket wait), its
+/// frontend socket at `socket` or in a directory of its own: its exit
+/// status and stderr, or `None` if it still runs after 10 s.
+fn start_expecting_exit(stats: &Path, socket: Option<&Path>) -> Option<(std::process::ExitStatus, String)> {
     let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("crypto.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_vhost-user-crypto"))
         .arg("--socket-path")
-        .arg(dir.path().join("crypto.sock"))
+        .arg(socket.unwrap_or(&own))
         .arg("--stats-socket")
         .arg(stats)
         .env("RUST_LOG", "warn")
@@ -337,7 +339,8 @@ fn start_expecting_exit(stats: &Path) -> Option<(std::process::ExitStatus, Strin
 }
 
 /// Mode 0600; a stale socket file is replaced; a socket another process
-/// listens on, or a file that is not a socket, is refused (exit 1).
+/// listens on, a file that is not a socket, or the frontend socket's path
+/// is refused (exit 1).
 #[test]
 fn stats_socket_is_private_and_replaces_only_a_stale_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -352,7 +355,7 @@ fn stats_socket_is_private_and_replaces_only_a_stale_file() {
     assert_eq!(read_stats(&path)["queues"].as_array().unwrap().len(), 1);
 
     // In use by the first daemon: a second one refuses it.
-    let (status, err) = start_expecting_exit(&path).expect("the second daemon exits");
+    let (status, err) = start_expecting_exit(&path, None).expect("the second daemon exits");
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("in use"), "{err}");
     assert_eq!(read_stats(&path)["frontend_connected"], json!(false));
@@ -361,8 +364,15 @@ fn stats_socket_is_private_and_replaces_only_a_stale_file() {
     // Not a socket: refused, the file left alone.
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, b"data").unwrap();
-    let (status, err) = start_expecting_exit(&file).expect("the daemon exits");
+    let (status, err) = start_expecting_exit(&file, None).expect("the daemon exits");
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains("is not a socket"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), b"data");
+
+    // The frontend socket's path: refused before either is bound.
+    let same = dir.path().join("both.sock");
+    let (status, err) = start_expecting_exit(&same, Some(&same)).expect("the daemon exits");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("is the --socket-path too"), "{err}");
+    assert!(!same.exists(), "{err}");
 }
