@@ -61,7 +61,7 @@ pub enum SeccompArg {
 /// end it with status 0. Logging is controlled with RUST_LOG (default:
 /// info).
 #[derive(Debug, Parser)]
-#[command(name = "vhost-user-crypto", version)]
+#[command(name = "vhost-user-crypto", version, after_long_help = AFTER_LONG_HELP)]
 #[command(group(ArgGroup::new("listen").required(true).args(["socket_path", "fd"])))]
 pub struct Args {
     /// Unix socket to listen on; a stale socket file is replaced, one in
@@ -82,7 +82,9 @@ pub struct Args {
     #[arg(long)]
     pub print_capabilities: bool,
 
-    /// Number of data queues (QEMU: the cryptodev-vhost-user `queues=` property).
+    /// Number of data queues, 1 to 64. QEMU serves only queue 0 with
+    /// vhost-user, so keep 1 for it; other frontends (the replay tool) use
+    /// more.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub queues: u16,
 
@@ -101,8 +103,9 @@ pub struct Args {
     pub session_abi: SessionAbiArg,
 
     /// Microseconds a queue worker keeps polling the avail ring after its
-    /// last request before sleeping on kicks again (0: not after the last
-    /// request; while requests come, the worker takes them without kicks).
+    /// last request before sleeping on kicks again, 0 to 1,000,000 (0: not
+    /// after the last request; while requests come, the worker takes them
+    /// without kicks).
     #[arg(long, default_value_t = DEFAULT_POLL_US, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     pub poll_us: u64,
 
@@ -125,15 +128,31 @@ pub struct Args {
     pub stats_socket: Option<PathBuf>,
     /// Most requests per second, all queues together (as QEMU's
     /// cryptodev `throttle-ops`); a queue over it takes no requests from
-    /// its avail ring until tokens return. Burst: 100 ms worth.
+    /// its avail ring until tokens return. Burst: 100 ms worth. At least
+    /// 1; no limit by default.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_ops_per_sec: Option<u64>,
 
     /// Most bytes (src_data_len) per second, all queues together (as
-    /// QEMU's cryptodev `throttle-bps`). Burst: 100 ms worth.
+    /// QEMU's cryptodev `throttle-bps`). Burst: 100 ms worth. At least 1;
+    /// no limit by default.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_bytes_per_sec: Option<u64>,
 }
+
+/// The end of `--help` (and the man page's description): the engine
+/// variables and the exit statuses.
+pub const AFTER_LONG_HELP: &str = "\
+Environment:
+  RUST_LOG                      log level (default info)
+  VHOST_USER_CRYPTO_AES_ENGINE  soft, aesni, vaes256 or vaes512 (default: the fastest the CPU runs)
+  VHOST_USER_CRYPTO_SHA_ENGINE  portable, shani, shani-x2, shani-x4 or avx512-x16 (default: the fastest)
+
+Exit status:
+  0  SIGTERM or SIGINT; the end of a connected --fd socket's frontend
+  1  a socket or start-up failure (one line starting 'vhost-user-crypto: ')
+  2  bad arguments
+  3  a departed frontend's connection could not be torn down (for a supervisor to restart the daemon)";
 
 /// Default of `--poll-us`.
 pub const DEFAULT_POLL_US: u64 = 50;
