@@ -49,7 +49,7 @@ use std::os::unix::net::UnixStream;
 use vhost_user_crypto::memory_check::check_memory_regions;
 use vhost_user_crypto::proxy::framing::recv_message;
 use vhost_user_crypto::proxy::pump::{check_descriptor_count, takes_descriptors};
-use vhost_user_crypto::wire::vhost_user::{FrontendReq, Header};
+use vhost_user_crypto::wire::vhost_user::{FrontendReq, Header, MAX_FDS, MAX_PAYLOAD};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use super::reader::{Reader, Writer};
@@ -66,17 +66,13 @@ pub const MAX_PIECE_FDS: u8 = 40;
 /// Files are at most this long (sparse memfds).
 pub const MAX_FILE_LEN: u64 = 16 << 20;
 
-/// The largest payload rust-vmm `vhost` 0.18 takes (`MAX_MSG_SIZE`), as
-/// the spec model has it.
-const MODEL_MAX_PAYLOAD: usize = 4096;
-/// The most descriptors one message may carry (`MAX_ATTACHED_FD_ENTRIES`).
-const MODEL_MAX_FDS: usize = 32;
-/// Request codes (vhost-user spec, "Front-end message types").
-const SET_MEM_TABLE: u32 = 5;
-const SET_VRING_KICK: u32 = 12;
-const SET_VRING_CALL: u32 = 13;
-const SET_VRING_ERR: u32 = 14;
-const ADD_MEM_REG: u32 = 37;
+/// Request codes (vhost-user spec, "Front-end message types"), as `vhost`'s
+/// `FrontendReq` numbers them, for matching raw header words.
+const SET_MEM_TABLE: u32 = FrontendReq::SET_MEM_TABLE as u32;
+const SET_VRING_KICK: u32 = FrontendReq::SET_VRING_KICK as u32;
+const SET_VRING_CALL: u32 = FrontendReq::SET_VRING_CALL as u32;
+const SET_VRING_ERR: u32 = FrontendReq::SET_VRING_ERR as u32;
+const ADD_MEM_REG: u32 = FrontendReq::ADD_MEM_REG as u32;
 
 /// What a file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,7 +259,7 @@ impl SocketProgram {
             let size = (tag & 2 != 0).then(|| r.compact32());
             let body = match (tag >> 2) % 4 {
                 0 => Body::Bytes {
-                    len: r.u16() % (MODEL_MAX_PAYLOAD as u16 + 65),
+                    len: r.u16() % (MAX_PAYLOAD as u16 + 65),
                     fill: r.u8(),
                     patch: r.blob(),
                 },
@@ -508,7 +504,7 @@ fn model_next(stream: &[u8], sent: &[Sent], s: usize) -> Expect {
     };
     let end = stream.len();
     let hdr_end = (s + 12).min(end);
-    if files_in(s, hdr_end).len() > MODEL_MAX_FDS {
+    if files_in(s, hdr_end).len() > MAX_FDS {
         return Expect::Error(io::ErrorKind::InvalidData);
     }
     if s == end {
@@ -518,12 +514,12 @@ fn model_next(stream: &[u8], sent: &[Sent], s: usize) -> Expect {
         return Expect::Error(io::ErrorKind::UnexpectedEof);
     }
     let size = u32::from_le_bytes(stream[s + 8..s + 12].try_into().expect("4 bytes")) as usize;
-    if size > MODEL_MAX_PAYLOAD {
+    if size > MAX_PAYLOAD {
         return Expect::Error(io::ErrorKind::InvalidData);
     }
     let msg_end = s + 12 + size;
     let files = files_in(s, msg_end.min(end));
-    if files.len() > MODEL_MAX_FDS {
+    if files.len() > MAX_FDS {
         return Expect::Error(io::ErrorKind::InvalidData);
     }
     if msg_end > end {
