@@ -14,10 +14,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::common::daemon::{spawn_daemon, spawn_daemon_logged};
-use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
+use crate::common::frontend_config::one_queue;
+use vhost_crypto_replay::frontend::{CryptoFrontend, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, replay_threads, ReplayOptions, Report};
 use vhost_crypto_replay::trace::Trace;
-use vhost_user_crypto::wire::session::SessionAbi;
 
 /// A trace of `count` AES-128-CBC encrypt requests of `size` bytes.
 fn generated(count: u64, size: u64) -> Trace {
@@ -35,14 +35,8 @@ fn generated(count: u64, size: u64) -> Trace {
 fn config(t: &Trace, queues: u16) -> FrontendConfig {
     FrontendConfig {
         queues,
-        queue_size: 1024,
-        queue_depth: 256,
         max_payload: t.max_payload(),
-        max_iv: 16,
-        memory_bytes: 0,
-        session_abi: SessionAbi::C,
-        desc_mode: DescMode::Indirect,
-        dpdk: false,
+        ..one_queue(1024, 256)
     }
 }
 
