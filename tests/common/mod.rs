@@ -13,7 +13,8 @@
 //! * [`nist`]: the NIST SP 800-38A F.2.1 / F.2.2 vectors;
 //! * [`oracle`]: OpenSSL's AES-CBC and HMAC, the independent reference;
 //! * [`rng`]: seeded PRNGs;
-//! * [`fds`]: memfds to share as guest memory.
+//! * [`fds`]: memfds to share as guest memory;
+//! * [`stats`]: the daemon's stats socket, read as a client.
 //!
 //! `daemon.rs`, `frontend_config.rs` and `skip.rs` use nothing else of
 //! this folder: test crates outside `tests/` include them one by one
@@ -28,6 +29,7 @@ pub mod nist;
 pub mod oracle;
 pub mod rng;
 pub mod skip;
+pub mod stats;
 pub mod vm;
 
 // (Each suite uses some of these.)

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::daemon::{spawn_daemon, spawn_daemon_logged};
 use crate::common::frontend_config::one_queue;
+use crate::common::stats::read_stats;
 use vhost_crypto_replay::frontend::{CryptoFrontend, FrontendConfig};
 use vhost_crypto_replay::replay::{replay, replay_threads, ReplayOptions, Report};
 use vhost_crypto_replay::trace::Trace;
@@ -93,16 +94,6 @@ fn assert_throttled_run(r: &Report, took: Duration, what: &str) {
     );
 }
 
-/// The stats socket's object (`--stats-socket`, docs/OPERATING.md).
-fn stats(path: &Path) -> serde_json::Value {
-    let mut text = String::new();
-    UnixStream::connect(path)
-        .unwrap()
-        .read_to_string(&mut text)
-        .unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
 #[test]
 fn max_ops_per_sec_5000_passes_20000_requests_in_about_4_s() {
     let _beside_soaks_only = crate::shared();
@@ -118,7 +109,7 @@ fn max_ops_per_sec_5000_passes_20000_requests_in_about_4_s() {
     assert_throttled_run(&r, took, "--max-ops-per-sec 5000");
     // The worker slept off most of the 3.9 s beyond the burst (the rest
     // went on requests and on the replay tool's own pace); the stats show it.
-    let v = stats(&stats_sock);
+    let v = read_stats(&stats_sock);
     let q0 = &v["queues"][0];
     assert_eq!(q0["requests"], 20_000, "{v}");
     let throttled = q0["throttled_s"].as_f64().unwrap();

@@ -19,27 +19,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::common::stats::read_stats;
 use crate::common::*;
 use crate::support::*;
 use vhost_crypto_replay::driver_ring::{Descriptor, F_NEXT};
 use vhost_crypto_replay::frontend::{CryptoFrontend, Used};
 use vhost_user_crypto::wire::session::SessionAbi;
 use vhost_user_crypto::wire::virtio_crypto::OP_DATA_REQ_SIZE;
-
-/// The object one stats connection gives: read to EOF, one line of JSON.
-fn read_stats(path: &Path) -> Value {
-    let mut s = UnixStream::connect(path).unwrap();
-    s.set_read_timeout(Some(TIMEOUT)).unwrap();
-    let mut b = Vec::new();
-    s.read_to_end(&mut b).expect("the object, then EOF");
-    assert_eq!(
-        b.last(),
-        Some(&b'\n'),
-        "one line: {}",
-        String::from_utf8_lossy(&b)
-    );
-    serde_json::from_slice(&b).unwrap()
-}
 
 /// A daemon with `--queues queues --stats-socket <tmp>/stats.sock`.
 fn daemon_with_stats(queues: u16) -> (Daemon, tempfile::TempDir, PathBuf) {
