@@ -4,7 +4,10 @@
 //! chaining, take the multi-buffer AES-CBC lanes
 //! (`algorithms::cbc_encrypt_multi`) and then, when chained, the
 //! multi-buffer MAC (`algorithms::mac_multi`); chained decrypt requests
-//! have their digests computed together, then each is decrypted.
+//! have their digests computed together, then each is decrypted. Plain
+//! decrypt requests are decrypted one after the other: gathered, they have
+//! their lines prefetched ([`LaneReq::prefetch`]) while the requests before
+//! them run.
 
 use std::ptr;
 
@@ -186,8 +189,8 @@ fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
             }
         }
     } else if let Some(mac_key) = mac_key {
-        // Chained decrypt requests (plain ones never take the lanes): the
-        // digests first, all together, then each request that matched.
+        // Chained decrypt requests: the digests first, all together, then
+        // each request that matched.
         let mut jobs = mac_jobs(mac_key);
         let n = fill_mac_jobs(lanes, &mut jobs, |l| l.src);
         mac_multi(&mut jobs[..n]);
@@ -225,6 +228,18 @@ fn run_group(lanes: &mut [Option<LaneReq<'_>>]) {
             }
         }
         zeroize::Zeroize::zeroize(&mut tags);
+    } else {
+        // Plain decrypt requests: one after the other (CBC decryption is
+        // parallel within a request), their lines prefetched as they were
+        // gathered.
+        for l in lanes.iter_mut().flatten() {
+            let mut one = lane(l);
+            // Whole blocks: it does not fail (ERR if it did).
+            l.verified = key
+                .start(Direction::Decrypt, &one.iv)
+                .process_inout(one.buf.reborrow())
+                .is_ok();
+        }
     }
     for l in lanes.iter().flatten() {
         let s = if l.verified { Status::Ok } else { Status::Err };

@@ -19,8 +19,7 @@
 //! against the bytes actually present ([`mod@validate`]) and runs the cipher
 //! directly on the mapped guest memory ([`cipher`], [`alg_chain`]), or
 //! hands a valid request back as a [`LaneReq`] for [`run_lanes`] to run
-//! together with others of the same session ([`lanes`]): encrypt
-//! requests, plain or chained, and chained decrypt requests.
+//! together with others of the same session ([`lanes`]).
 //!
 //! Status policy (`docs/PROTOCOL.md` §6): the first failing check decides,
 //! in this order — header readable (else ERR if a status byte exists, else
@@ -33,8 +32,6 @@ pub mod lanes;
 pub mod validate;
 
 use std::ptr;
-
-use algorithms::Direction;
 
 use crate::sessions::Sessions;
 use crate::virtq::descriptor::ChainWalker;
@@ -103,10 +100,12 @@ pub fn prepare<'s>(
         Err(status) => return Prepared::Done(complete(w, status, 0, 0, 0)),
     };
     let src_off = OP_DATA_REQ_SIZE + AES_CBC_IV_LEN as usize;
-    // Lanes: encrypt requests, plain or chained, and chained decrypt
-    // requests (their digests are computed together), whose src, dst and
-    // hash result each lie in one mapped piece.
-    if allow_lane && v.len > 0 && (v.direction == Direction::Encrypt || v.alg_chain.is_some()) {
+    // Lanes: every valid request whose src, dst and hash result each lie
+    // in one mapped piece. Encrypt requests run in the CBC lanes; chained
+    // decrypt requests have their digests computed together; plain
+    // decrypt requests are only gathered, so that their buffers are
+    // prefetched while the ones before them run.
+    if allow_lane && v.len > 0 {
         let digest_len = v.alg_chain.as_ref().map_or(0, |c| c.digest_len);
         let (sp, sl) = v.src.chunk();
         let (dp, dl) = Cursor::start(&w.writable).chunk();
