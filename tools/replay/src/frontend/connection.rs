@@ -147,7 +147,16 @@ impl CryptoFrontend {
                 .map_err(v("SET_VRING_ADDR"))?;
             fe.set_vring_kick(q, &kick).map_err(v("SET_VRING_KICK"))?;
             fe.set_vring_call(q, &call).map_err(v("SET_VRING_CALL"))?;
-            queues.push(DriverQueue::new(mem.clone(), ring, cfg, event_idx, kick, call)?);
+            let peer = raw.try_clone()?;
+            queues.push(DriverQueue::new(
+                mem.clone(),
+                ring,
+                cfg,
+                event_idx,
+                kick,
+                call,
+                peer,
+            )?);
         }
         if cfg.dpdk {
             // DPDK 22.11 installs its session handler only once every ring

@@ -103,6 +103,10 @@ pub enum Error {
     /// The backend stopped answering.
     #[error("timed out waiting for completions")]
     Timeout,
+    /// The backend closed the vhost-user connection while requests were
+    /// in flight.
+    #[error("the backend closed the connection with {0} requests in flight")]
+    BackendClosed(u16),
     /// The backend did not answer a vhost-user message in time. The
     /// connection is shut down then: the frontend is unusable.
     #[error(

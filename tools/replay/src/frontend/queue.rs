@@ -6,6 +6,8 @@
 
 use std::io;
 use std::num::NonZeroU16;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +35,9 @@ pub struct DriverQueue {
     pub(super) dpdk: bool,
     pub(super) kick: EventFd,
     pub(super) call: EventFd,
+    /// The vhost-user socket (a duplicate of the connection's): watched
+    /// for the backend hanging up while completions are waited for.
+    pub(super) peer: UnixStream,
     pub(super) slots_base: u64,
     pub(super) slot_size: usize,
     /// (Non-zero, [`FrontendConfig::validate`]: as a divisor it needs no
@@ -162,6 +167,7 @@ impl DriverQueue {
         event_idx: bool,
         kick: EventFd,
         call: EventFd,
+        peer: UnixStream,
     ) -> Result<DriverQueue, Error> {
         let (nslots, nbufs) = Self::slots_and_sets(cfg);
         // DriverQueue::set_ahead relies on this.
@@ -174,6 +180,7 @@ impl DriverQueue {
             dpdk: cfg.dpdk,
             kick,
             call,
+            peer,
             slots_base: ring.desc + SplitRing::contiguous_bytes(cfg.queue_size, RING_AREA_ALIGN),
             slot_size: slot_size(cfg.max_payload, cfg.max_iv),
             nslots: nonzero(nslots)?,
@@ -423,7 +430,9 @@ impl DriverQueue {
     ///
     /// # Errors
     /// [`Error::Timeout`] ([`Error::DpdkStall`] in DPDK mode) if nothing
-    /// completes in time.
+    /// completes in time; [`Error::BackendClosed`] if the backend closes
+    /// the vhost-user connection first (seen when the wait goes to sleep,
+    /// within 100 ms of it).
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
         let start = std::time::Instant::now();
         let mut spins: u32 = 0;
@@ -457,14 +466,30 @@ impl DriverQueue {
                     Error::Timeout
                 });
             }
-            let mut pfd = libc::pollfd {
-                fd: self.call_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            unsafe { libc::poll(&mut pfd, 1, if self.dpdk { 1 } else { 100 }) };
+            let mut pfd = [
+                libc::pollfd {
+                    fd: self.call.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.peer.as_raw_fd(),
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds.
+            unsafe { libc::poll(pfd.as_mut_ptr(), 2, if self.dpdk { 1 } else { 100 }) };
             let _ = self.call.read();
+            // (The backend sends nothing on the socket unasked: only its
+            // end, with requests still owed, is looked for here.)
+            if pfd[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+                self.try_reap(out);
+                if completed(out) {
+                    return Ok(());
+                }
+                return Err(Error::BackendClosed(self.outstanding));
+            }
         }
     }
 
@@ -498,10 +523,5 @@ impl DriverQueue {
     /// Whether this queue lays requests out as direct chains.
     pub fn desc_mode(&self) -> DescMode {
         self.desc_mode
-    }
-
-    fn call_fd(&self) -> i32 {
-        use std::os::fd::AsRawFd;
-        self.call.as_raw_fd()
     }
 }
