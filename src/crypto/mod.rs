@@ -33,6 +33,8 @@ pub mod validate;
 
 use std::ptr;
 
+use algorithms::Direction;
+
 use crate::sessions::Sessions;
 use crate::virtq::descriptor::ChainWalker;
 use crate::virtq::segments::Cursor;
@@ -100,12 +102,14 @@ pub fn prepare<'s>(
         Err(status) => return Prepared::Done(complete(w, status, 0, 0, 0)),
     };
     let src_off = OP_DATA_REQ_SIZE + AES_CBC_IV_LEN as usize;
-    // Lanes: every valid request whose src, dst and hash result each lie
-    // in one mapped piece. Encrypt requests run in the CBC lanes; chained
-    // decrypt requests have their digests computed together; plain
-    // decrypt requests are only gathered, so that their buffers are
+    // Lanes: valid requests whose src, dst and hash result each lie in one
+    // mapped piece. Encrypt requests run in the CBC lanes; chained decrypt
+    // requests have their digests computed together; plain decrypt
+    // requests of up to 1 KiB are only gathered, so that their buffers are
     // prefetched while the ones before them run.
-    if allow_lane && v.len > 0 {
+    let gathered =
+        v.direction == Direction::Encrypt || v.alg_chain.is_some() || v.len <= LaneReq::DECRYPT_GATHER_MAX;
+    if allow_lane && v.len > 0 && gathered {
         let digest_len = v.alg_chain.as_ref().map_or(0, |c| c.digest_len);
         let (sp, sl) = v.src.chunk();
         let (dp, dl) = Cursor::start(&w.writable).chunk();

@@ -234,7 +234,7 @@ fn batch_specs() -> Vec<Spec> {
         let (encrypt, session) = if k % 2 == 0 { (true, E) } else { (false, D2) };
         specs.push(spec(encrypt, session, true, Shape::Split, Fault::None));
     }
-    // In place (lanes for encrypt, in-place stream for decrypt).
+    // In place (lanes for both directions).
     for k in 0..8 {
         let (encrypt, session) = if k % 2 == 0 { (true, E2) } else { (false, D) };
         specs.push(spec(encrypt, session, true, Shape::InPlace, Fault::None));

@@ -2,9 +2,9 @@
 //! Rewrites at the library's seams, deterministically: the chain is walked
 //! ([`ChainWalker::walk`]) in state X, then every descriptor and indirect
 //! table entry is rewritten before the request is validated and run
-//! ([`prepare`]); and a validated encrypt request waiting as a lane
-//! ([`Prepared::Lane`]) has its header, IV and descriptors rewritten before
-//! [`run_lanes`] executes it. Both must act on X exactly.
+//! ([`prepare`]); and a validated encrypt or decrypt request waiting as a
+//! lane ([`Prepared::Lane`]) has its header, IV and descriptors rewritten
+//! before [`run_lanes`] executes it. Both must act on X exactly.
 
 use super::model::MEM;
 use crate::common::*;
@@ -79,6 +79,7 @@ fn descriptors_rewritten_after_the_walk_are_never_read_again() {
             (ENCRYPT, E, NIST_PT, NIST_CT, true),
             (ENCRYPT, E, NIST_PT, NIST_CT, false),
             (DECRYPT, D, NIST_CT, NIST_PT, true),
+            (DECRYPT, D, NIST_CT, NIST_PT, false),
         ] {
             let ctx = format!("indirect {indirect}, opcode {opcode}, lane {lane}");
             let mut vm = Vm::with_ranges(&[(0, MEM)]);
@@ -120,46 +121,55 @@ fn descriptors_rewritten_after_the_walk_are_never_read_again() {
 
 #[test]
 fn header_iv_and_descriptors_rewritten_after_validation_are_never_read_again() {
-    for indirect in [false, true] {
-        let mut vm = Vm::with_ranges(&[(0, MEM)]);
-        let (walker, head) = stage_and_walk(&mut vm, &hdr(ENCRYPT, E, 64, 64), &NIST_PT, indirect);
-        let sessions = vm.worker.sessions.lock();
-        // Validated, waiting to be encrypted with other requests of its key.
-        let lane = match prepare(&walker, &sessions, LIMITS, true) {
-            Prepared::Lane(l) => l,
-            Prepared::Done(c) => panic!("a valid contiguous encrypt request is a lane: {c:?}"),
-        };
-        // The guest now rewrites the header (longer lengths, another IV
-        // length, opcode, session and op_type), the IV and every descriptor.
-        rewrite_descriptors(&vm, head, indirect);
-        let mut h = hdr(DECRYPT, D, 0x800, 0x800);
-        h.iv_len = 8;
-        h.op_type = 2;
-        vm.write(X, &h.to_bytes());
-        vm.write(Addrs::at(X).iv, &[0xFF; 16]);
-        let mut lanes = [Some(lane)];
-        run_lanes(&mut lanes);
-        let c = lanes[0].as_ref().expect("the lane").completion();
-        drop(sessions);
-        assert_eq!(
-            c,
-            Completion {
-                used_len: 65,
-                status: Some(Status::Ok),
-                work: 64,
-                src_len: 64,
-            },
-            "indirect {indirect}"
-        );
-        // NIST F.2.1 with the IV and length validated: the snapshot.
-        vm.assert_done_at(
-            X,
-            Used {
-                id: 0,
-                len: c.used_len,
-            },
-            &NIST_CT,
-        );
-        vm.assert_canary(Y, Y_BYTES);
+    // (Each rewritten to the other direction.)
+    for (opcode, session, input, output, other, other_session) in [
+        (ENCRYPT, E, NIST_PT, NIST_CT, DECRYPT, D),
+        (DECRYPT, D, NIST_CT, NIST_PT, ENCRYPT, E),
+    ] {
+        for indirect in [false, true] {
+            let ctx = format!("opcode {opcode}, indirect {indirect}");
+            let mut vm = Vm::with_ranges(&[(0, MEM)]);
+            let (walker, head) = stage_and_walk(&mut vm, &hdr(opcode, session, 64, 64), &input, indirect);
+            let sessions = vm.worker.sessions.lock();
+            // Validated, waiting to be run with other requests of its key.
+            let lane = match prepare(&walker, &sessions, LIMITS, true) {
+                Prepared::Lane(l) => l,
+                Prepared::Done(c) => panic!("{ctx}: a valid contiguous 64-byte request is a lane: {c:?}"),
+            };
+            // The guest now rewrites the header (longer lengths, another IV
+            // length, opcode, session and op_type), the IV and every
+            // descriptor.
+            rewrite_descriptors(&vm, head, indirect);
+            let mut h = hdr(other, other_session, 0x800, 0x800);
+            h.iv_len = 8;
+            h.op_type = 2;
+            vm.write(X, &h.to_bytes());
+            vm.write(Addrs::at(X).iv, &[0xFF; 16]);
+            let mut lanes = [Some(lane)];
+            run_lanes(&mut lanes);
+            let c = lanes[0].as_ref().expect("the lane").completion();
+            drop(sessions);
+            assert_eq!(
+                c,
+                Completion {
+                    used_len: 65,
+                    status: Some(Status::Ok),
+                    work: 64,
+                    src_len: 64,
+                },
+                "{ctx}"
+            );
+            // NIST F.2.1 / F.2.2 with the IV and length validated: the
+            // snapshot.
+            vm.assert_done_at(
+                X,
+                Used {
+                    id: 0,
+                    len: c.used_len,
+                },
+                &output,
+            );
+            vm.assert_canary(Y, Y_BYTES);
+        }
     }
 }
