@@ -350,6 +350,41 @@ fn a_backend_that_never_answers_the_handshake_is_an_error_after_the_control_time
     );
 }
 
+/// A wait for completions after this tool shut the connection down itself
+/// (a control message the backend did not answer within the control
+/// timeout) ends at once, saying so: the end of the connection is not
+/// reported as the backend's doing, nor waited out to the timeout.
+#[test]
+fn a_wait_after_the_tool_shut_the_connection_down_says_so() {
+    use vhost_crypto_replay::frontend::Error;
+    let daemon = spawn_daemon(&[]);
+    let mut fe = CryptoFrontend::connect(daemon.socket(), &one_queue(64, 8)).unwrap();
+    let pid = daemon.pid() as libc::pid_t;
+    // SAFETY: kill(2) of our child, not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // One request in flight that the stopped daemon does not complete.
+    let q = &mut fe.queues[0];
+    let slot = q.next_slot().expect("a free slot");
+    q.submit(slot, 16, 64);
+    q.publish_and_kick().unwrap();
+    // Unanswered: the tool shuts the socket down after the timeout.
+    let e = fe.get_vring_base(0).unwrap_err();
+    assert!(matches!(e, Error::NoAnswer("GET_VRING_BASE")), "{e}");
+    let t0 = std::time::Instant::now();
+    let r = fe.queues[0].reap(&mut Vec::new(), Duration::from_secs(30));
+    let took = t0.elapsed();
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    match r {
+        Err(e @ Error::ShutHere) => assert_eq!(
+            e.to_string(),
+            "the connection was shut down after an earlier failure"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
 #[test]
 fn a_long_repeat_closes_each_pass_sessions_before_creating_them_again() {
     // Each pass creates the trace's session again. Without the close before

@@ -37,6 +37,10 @@ const F_EVENT_IDX: u64 = 1 << virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_
 pub struct CryptoFrontend {
     frontend: Frontend,
     sock: UnixStream,
+    /// Set before this tool shuts the socket down itself (a backend that
+    /// did not answer in time), so that the queues' waits do not take the
+    /// end of the connection for the backend's doing.
+    shut_here: Arc<AtomicBool>,
     abi: SessionAbi,
     /// Guest memory.
     pub mem: Arc<GuestMem>,
@@ -84,12 +88,18 @@ impl CryptoFrontend {
         sock.set_read_timeout(Some(CONTROL_TIMEOUT))?;
         let raw = sock.try_clone()?;
         let watch = sock.try_clone()?;
-        bounded(&watch, "the vhost-user handshake", || {
-            Self::handshake(sock, raw, cfg)
+        let shut_here = Arc::new(AtomicBool::new(false));
+        bounded(&watch, &shut_here, "the vhost-user handshake", || {
+            Self::handshake(sock, raw, shut_here.clone(), cfg)
         })
     }
 
-    fn handshake(sock: UnixStream, raw: UnixStream, cfg: &FrontendConfig) -> Result<Self, Error> {
+    fn handshake(
+        sock: UnixStream,
+        raw: UnixStream,
+        shut_here: Arc<AtomicBool>,
+        cfg: &FrontendConfig,
+    ) -> Result<Self, Error> {
         let mut fe = Frontend::from_stream(sock, u64::from(cfg.queues));
         let v = |what| move |e| Error::Vhost(what, e);
 
@@ -147,7 +157,7 @@ impl CryptoFrontend {
                 .map_err(v("SET_VRING_ADDR"))?;
             fe.set_vring_kick(q, &kick).map_err(v("SET_VRING_KICK"))?;
             fe.set_vring_call(q, &call).map_err(v("SET_VRING_CALL"))?;
-            let peer = raw.try_clone()?;
+            let peer = (raw.try_clone()?, shut_here.clone());
             queues.push(DriverQueue::new(
                 mem.clone(),
                 ring,
@@ -168,6 +178,7 @@ impl CryptoFrontend {
         Ok(CryptoFrontend {
             frontend: fe,
             sock: raw,
+            shut_here,
             abi: cfg.session_abi,
             mem,
             queues,
@@ -184,7 +195,7 @@ impl CryptoFrontend {
         let msg = create_request(self.abi, info);
         self.sock.write_all(&msg)?;
         let mut hdr = [0u8; HDR_SIZE];
-        let late = read_error(&self.sock, "CREATE_CRYPTO_SESSION");
+        let late = read_error(&self.sock, &self.shut_here, "CREATE_CRYPTO_SESSION");
         (&self.sock).read_exact(&mut hdr).map_err(late)?;
         let Header {
             request: req,
@@ -232,7 +243,7 @@ impl CryptoFrontend {
         }
         self.sock.write_all(&close_request(id))?;
         let fe = &mut self.frontend;
-        bounded(&self.sock, "GET_FEATURES", || {
+        bounded(&self.sock, &self.shut_here, "GET_FEATURES", || {
             fe.get_features().map_err(|e| Error::Vhost("GET_FEATURES", e))
         })?;
         Ok(())
@@ -271,7 +282,7 @@ impl CryptoFrontend {
     /// Protocol failures.
     pub fn get_vring_base(&mut self, q: usize) -> Result<u32, Error> {
         let fe = &mut self.frontend;
-        bounded(&self.sock, "GET_VRING_BASE", || {
+        bounded(&self.sock, &self.shut_here, "GET_VRING_BASE", || {
             fe.get_vring_base(q)
                 .map_err(|e| Error::Vhost("GET_VRING_BASE", e))
         })
@@ -290,7 +301,7 @@ impl CryptoFrontend {
         let dq = &self.queues[q];
         let addr = vring_config(&self.mem, dq.ring_addrs());
         let fe = &mut self.frontend;
-        bounded(&self.sock, "the ring set-up", || {
+        bounded(&self.sock, &self.shut_here, "the ring set-up", || {
             fe.set_vring_num(q, dq.size).map_err(v("SET_VRING_NUM"))?;
             fe.set_vring_base(q, base).map_err(v("SET_VRING_BASE"))?;
             fe.set_vring_addr(q, &addr).map_err(v("SET_VRING_ADDR"))?;
@@ -318,10 +329,15 @@ fn vring_config(mem: &GuestMem, ring: SplitRing) -> VringConfigData {
 /// Maps a failed read of `what`'s reply on `sock`: the socket's read
 /// timeout ([`CONTROL_TIMEOUT`]) to [`Error::NoAnswer`], after shutting the
 /// socket down (a late reply must not be taken for the answer to the next
-/// message), anything else to [`Error::Io`].
-fn read_error<'a>(sock: &'a UnixStream, what: &'static str) -> impl Fn(io::Error) -> Error + Copy + 'a {
+/// message) and setting `shut_here`, anything else to [`Error::Io`].
+fn read_error<'a>(
+    sock: &'a UnixStream,
+    shut_here: &'a AtomicBool,
+    what: &'static str,
+) -> impl Fn(io::Error) -> Error + Copy + 'a {
     move |e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            shut_here.store(true, Ordering::SeqCst);
             let _ = sock.shutdown(Shutdown::Both);
             Error::NoAnswer(what)
         }
@@ -330,8 +346,9 @@ fn read_error<'a>(sock: &'a UnixStream, what: &'static str) -> impl Fn(io::Error
 }
 
 /// Runs `f`, which sends vhost-user requests through rust-vmm's
-/// [`Frontend`] on `sock`, and shuts the socket down if `f` has not
-/// returned after [`CONTROL_TIMEOUT`]: the library retries a read that
+/// [`Frontend`] on `sock`, and shuts the socket down (setting
+/// `shut_here` first) if `f` has not returned after [`CONTROL_TIMEOUT`]:
+/// the library retries a read that
 /// timed out (`EAGAIN`) for ever (vhost 0.18 `connection.rs`), so the
 /// socket's read timeout alone does not bound it.
 ///
@@ -340,6 +357,7 @@ fn read_error<'a>(sock: &'a UnixStream, what: &'static str) -> impl Fn(io::Error
 /// unusable then, whatever `f` returned), else `f`'s error.
 fn bounded<T>(
     sock: &UnixStream,
+    shut_here: &Arc<AtomicBool>,
     what: &'static str,
     f: impl FnOnce() -> Result<T, Error>,
 ) -> Result<T, Error> {
@@ -348,9 +366,11 @@ fn bounded<T>(
     let (done, wait) = mpsc::channel::<()>();
     let t = {
         let fired = fired.clone();
+        let shut_here = shut_here.clone();
         std::thread::spawn(move || {
             if wait.recv_timeout(CONTROL_TIMEOUT) == Err(mpsc::RecvTimeoutError::Timeout) {
                 fired.store(true, Ordering::SeqCst);
+                shut_here.store(true, Ordering::SeqCst);
                 // The blocked read then sees the end of the stream.
                 let _ = watch.shutdown(Shutdown::Both);
             }

@@ -107,6 +107,10 @@ pub enum Error {
     /// in flight.
     #[error("the backend closed the connection with {0} requests in flight")]
     BackendClosed(u16),
+    /// The connection was shut down by this tool after an earlier failure
+    /// (the reason another queue's thread reports).
+    #[error("the connection was shut down after an earlier failure")]
+    ShutHere,
     /// The backend did not answer a vhost-user message in time. The
     /// connection is shut down then: the frontend is unusable.
     #[error(

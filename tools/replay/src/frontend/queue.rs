@@ -8,6 +8,7 @@ use std::io;
 use std::num::NonZeroU16;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,11 @@ const SLOT_ALIGN: usize = 64;
 /// and request slots in it.
 pub(super) const RING_AREA_ALIGN: u64 = 4096;
 
+/// How long a wait that saw the backend hang up gives its queue workers
+/// to publish what they were running (their connection's end and their
+/// last batch are not ordered).
+const HANGUP_GRACE: Duration = Duration::from_millis(20);
+
 /// One data queue as a driver sees it.
 pub struct DriverQueue {
     pub(super) mem: Arc<GuestMem>,
@@ -38,6 +44,9 @@ pub struct DriverQueue {
     /// The vhost-user socket (a duplicate of the connection's): watched
     /// for the backend hanging up while completions are waited for.
     pub(super) peer: UnixStream,
+    /// Set when this tool shut the socket down itself (`CryptoFrontend`'s
+    /// flag): its end is then not the backend's doing.
+    pub(super) shut_here: Arc<AtomicBool>,
     pub(super) slots_base: u64,
     pub(super) slot_size: usize,
     /// (Non-zero, [`FrontendConfig::validate`]: as a divisor it needs no
@@ -167,7 +176,7 @@ impl DriverQueue {
         event_idx: bool,
         kick: EventFd,
         call: EventFd,
-        peer: UnixStream,
+        (peer, shut_here): (UnixStream, Arc<AtomicBool>),
     ) -> Result<DriverQueue, Error> {
         let (nslots, nbufs) = Self::slots_and_sets(cfg);
         // DriverQueue::set_ahead relies on this.
@@ -181,6 +190,7 @@ impl DriverQueue {
             kick,
             call,
             peer,
+            shut_here,
             slots_base: ring.desc + SplitRing::contiguous_bytes(cfg.queue_size, RING_AREA_ALIGN),
             slot_size: slot_size(cfg.max_payload, cfg.max_iv),
             nslots: nonzero(nslots)?,
@@ -431,8 +441,9 @@ impl DriverQueue {
     /// # Errors
     /// [`Error::Timeout`] ([`Error::DpdkStall`] in DPDK mode) if nothing
     /// completes in time; [`Error::BackendClosed`] if the backend closes
-    /// the vhost-user connection first (seen when the wait goes to sleep,
-    /// within 100 ms of it).
+    /// the vhost-user connection first (seen when the wait goes to sleep),
+    /// [`Error::ShutHere`] if this tool shut it down after an earlier
+    /// failure.
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
         let start = std::time::Instant::now();
         let mut spins: u32 = 0;
@@ -484,11 +495,18 @@ impl DriverQueue {
             // (The backend sends nothing on the socket unasked: only its
             // end, with requests still owed, is looked for here.)
             if pfd[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+                // The backend may still publish what its queue workers
+                // were running when its end of the socket closed.
+                std::thread::sleep(HANGUP_GRACE);
                 self.try_reap(out);
                 if completed(out) {
                     return Ok(());
                 }
-                return Err(Error::BackendClosed(self.outstanding));
+                return Err(if self.shut_here.load(Ordering::SeqCst) {
+                    Error::ShutHere
+                } else {
+                    Error::BackendClosed(self.outstanding)
+                });
             }
         }
     }

@@ -176,6 +176,7 @@ pub fn replay_threads(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptio
     let mut r = Report::default();
     let mut lat = Vec::new();
     let mut window: Option<(Instant, Instant)> = None;
+    let shut_here = Error::ShutHere.to_string();
     for res in results {
         let Replayed {
             report: t,
@@ -193,7 +194,9 @@ pub fn replay_threads(fe: &mut CryptoFrontend, trace: &Trace, opts: &ReplayOptio
         let room = super::run::MAX_REPORTED.saturating_sub(r.first_mismatches.len());
         r.first_mismatches
             .extend(t.first_mismatches.into_iter().take(room));
-        if r.error.is_none() {
+        // The first queue's reason, unless it only says that another
+        // queue's failure shut the connection down.
+        if r.error.is_none() || (r.error.as_deref() == Some(shut_here.as_str()) && t.error.is_some()) {
             r.error = t.error;
         }
         lat.extend(latencies);
