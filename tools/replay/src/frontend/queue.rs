@@ -441,7 +441,8 @@ impl DriverQueue {
     /// # Errors
     /// [`Error::Timeout`] ([`Error::DpdkStall`] in DPDK mode) if nothing
     /// completes in time; [`Error::BackendClosed`] if the backend closes
-    /// the vhost-user connection first (seen when the wait goes to sleep),
+    /// the vhost-user connection first (seen after a sleep of 100 ms, 1 ms
+    /// in DPDK mode, that nothing ended),
     /// [`Error::ShutHere`] if this tool shut it down after an earlier
     /// failure.
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
@@ -477,24 +478,18 @@ impl DriverQueue {
                     Error::Timeout
                 });
             }
-            let mut pfd = [
-                libc::pollfd {
-                    fd: self.call.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.peer.as_raw_fd(),
-                    events: libc::POLLRDHUP,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: two valid pollfds.
-            unsafe { libc::poll(pfd.as_mut_ptr(), 2, if self.dpdk { 1 } else { 100 }) };
+            let mut pfd = libc::pollfd {
+                fd: self.call.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let woken = unsafe { libc::poll(&mut pfd, 1, if self.dpdk { 1 } else { 100 }) };
             let _ = self.call.read();
-            // (The backend sends nothing on the socket unasked: only its
-            // end, with requests still owed, is looked for here.)
-            if pfd[1].revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+            // Nothing signalled for the whole poll: has the backend gone?
+            // (Looked at only then, so that a wait that is signalled makes
+            // one system call, on one descriptor.)
+            if woken == 0 && self.peer_hung_up() {
                 // The backend may still publish what its queue workers
                 // were running when its end of the socket closed.
                 std::thread::sleep(HANGUP_GRACE);
@@ -509,6 +504,21 @@ impl DriverQueue {
                 });
             }
         }
+    }
+
+    /// Whether the vhost-user socket has ended (the backend closed it, or
+    /// this tool shut it down): POLLRDHUP, POLLHUP or POLLERR, without
+    /// waiting. The backend sends nothing on it unasked, so readable data
+    /// is not looked for.
+    fn peer_hung_up(&self) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.peer.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        n > 0 && pfd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Collects the completed requests already on the used ring into `out`,
