@@ -213,8 +213,8 @@ fn batch_specs() -> Vec<Spec> {
         shape,
         fault,
     };
-    // 48 lane encrypts in indirect tables: runs of 5 under one key, so the
-    // lanes are flushed both on a key change and when 8 are waiting.
+    // 48 lane encrypts in indirect tables under two keys (shuffled with
+    // the rest below: the lanes are flushed on key changes).
     for k in 0..48 {
         let session = if (k / 5) % 2 == 0 { E } else { E2 };
         specs.push(spec(true, session, true, Shape::Plain, Fault::None));

@@ -243,11 +243,13 @@ fn random_decrypt_batches_match_openssl() {
 /// 64 KiB of data gone through), not on `MAX_BATCH`: the chains after the cap
 /// are left on the avail ring for the next batch, and every request is
 /// completed once, in avail order, with the right output (OpenSSL's).
-/// Encrypt requests of 4,096 bytes count when their group of 16 lanes
-/// runs: 16 of them reach 64 KiB.
+/// Encrypt requests of 3,072 bytes count when their group of 16 lanes
+/// runs: 48 KiB after the first group, 96 KiB after the second, so the
+/// batch ends at the 32nd (one at a time it would end at the 22nd, as the
+/// decrypt requests below do).
 #[test]
 fn batches_of_large_requests_end_on_their_byte_cap() {
-    byte_cap_batches(ENCRYPT, 4096, &[16, 16, 8]);
+    byte_cap_batches(ENCRYPT, 3072, &[32, 8]);
 }
 
 /// As above for decrypt requests of 3,072 bytes, which are completed one

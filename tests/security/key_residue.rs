@@ -40,7 +40,8 @@ use vhost_user_crypto::wire::virtio_crypto::{AlgChainPara, OpDataReq};
 
 /// The sessions of the test, one of each kind the data path has: the
 /// multi-buffer lanes (encrypt), the decrypt (gathered as lanes, each
-/// request decrypted on its own), and both chaining orders, over the three AES key sizes and both HMACs.
+/// request decrypted on its own), and both chaining orders, over the
+/// three AES key sizes and both HMACs.
 const SESSIONS: [Sess; 4] = [
     Sess {
         name: "cipher",

@@ -87,13 +87,16 @@ fn descriptors_rewritten_after_the_walk_are_never_read_again() {
             rewrite_descriptors(&vm, head, indirect);
             let c = {
                 let sessions = vm.worker.sessions.lock();
-                match prepare(&walker, &sessions, LIMITS, lane) {
-                    Prepared::Done(c) => c,
-                    Prepared::Lane(l) => {
+                // (A valid contiguous 64-byte request of either direction
+                // is a lane when lanes are allowed.)
+                match (prepare(&walker, &sessions, LIMITS, lane), lane) {
+                    (Prepared::Done(c), false) => c,
+                    (Prepared::Lane(l), true) => {
                         let mut lanes = [Some(l)];
                         run_lanes(&mut lanes);
                         lanes[0].as_ref().expect("the lane").completion()
                     }
+                    (p, _) => panic!("{ctx}: {p:?}"),
                 }
             };
             assert_eq!(
