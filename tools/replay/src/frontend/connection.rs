@@ -190,8 +190,26 @@ impl CryptoFrontend {
     /// (negative on refusal).
     ///
     /// # Errors
-    /// Socket failures or a malformed reply.
+    /// Socket failures or a malformed reply; [`Error::ShutHere`] once this
+    /// tool has shut the connection down after an earlier failure.
     pub fn create_session(&mut self, info: &SymSessionInfo) -> Result<i64, Error> {
+        let r = self.send_create(info);
+        r.map_err(|e| self.after_own_shutdown(e))
+    }
+
+    /// A failure of a session message, or [`Error::ShutHere`] when the
+    /// connection had been shut down by this tool (a socket error that
+    /// only follows from it; [`Error::NoAnswer`], the shutdown's reason, is
+    /// kept).
+    fn after_own_shutdown(&self, e: Error) -> Error {
+        match e {
+            Error::NoAnswer(_) => e,
+            _ if self.shut_here.load(Ordering::SeqCst) => Error::ShutHere,
+            _ => e,
+        }
+    }
+
+    fn send_create(&mut self, info: &SymSessionInfo) -> Result<i64, Error> {
         let msg = create_request(self.abi, info);
         self.sock.write_all(&msg)?;
         let mut hdr = [0u8; HDR_SIZE];
@@ -234,13 +252,19 @@ impl CryptoFrontend {
     /// either way.
     ///
     /// # Errors
-    /// Socket failures.
+    /// Socket failures; [`Error::ShutHere`] once this tool has shut the
+    /// connection down after an earlier failure.
     pub fn close_session(&mut self, id: u64) -> Result<(), Error> {
         if let Some(live) = &mut self.dpdk_live {
             if !live.remove(&id) {
                 return Ok(());
             }
         }
+        let r = self.send_close(id);
+        r.map_err(|e| self.after_own_shutdown(e))
+    }
+
+    fn send_close(&mut self, id: u64) -> Result<(), Error> {
         self.sock.write_all(&close_request(id))?;
         let fe = &mut self.frontend;
         bounded(&self.sock, &self.shut_here, "GET_FEATURES", || {
@@ -346,11 +370,10 @@ fn read_error<'a>(
 }
 
 /// Runs `f`, which sends vhost-user requests through rust-vmm's
-/// [`Frontend`] on `sock`, and shuts the socket down (setting
-/// `shut_here` first) if `f` has not returned after [`CONTROL_TIMEOUT`]:
-/// the library retries a read that
-/// timed out (`EAGAIN`) for ever (vhost 0.18 `connection.rs`), so the
-/// socket's read timeout alone does not bound it.
+/// [`Frontend`] on `sock`, and shuts the socket down (setting `shut_here`
+/// first) if `f` has not returned after [`CONTROL_TIMEOUT`]: the library
+/// retries a read that timed out (`EAGAIN`) for ever (vhost 0.18
+/// `connection.rs`), so the socket's read timeout alone does not bound it.
 ///
 /// # Errors
 /// [`Error::NoAnswer`] (`what`) once the time ran out (the connection is

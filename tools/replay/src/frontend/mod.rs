@@ -108,7 +108,8 @@ pub enum Error {
     #[error("the backend closed the connection with {0} requests in flight")]
     BackendClosed(u16),
     /// The connection was shut down by this tool after an earlier failure
-    /// (the reason another queue's thread reports).
+    /// (what a queue's wait or a session message on another thread gets
+    /// then; that thread reports the reason).
     #[error("the connection was shut down after an earlier failure")]
     ShutHere,
     /// The backend did not answer a vhost-user message in time. The

@@ -25,9 +25,9 @@ const SLOT_ALIGN: usize = 64;
 /// and request slots in it.
 pub(super) const RING_AREA_ALIGN: u64 = 4096;
 
-/// How long a wait that saw the backend hang up gives its queue workers
-/// to publish what they were running (their connection's end and their
-/// last batch are not ordered).
+/// How long a wait that saw the backend hang up gives the backend's queue
+/// workers to publish what they were running (the end of its connection
+/// and its workers' last batch are not ordered).
 const HANGUP_GRACE: Duration = Duration::from_millis(20);
 
 /// One data queue as a driver sees it.
@@ -441,8 +441,8 @@ impl DriverQueue {
     /// # Errors
     /// [`Error::Timeout`] ([`Error::DpdkStall`] in DPDK mode) if nothing
     /// completes in time; [`Error::BackendClosed`] if the backend closes
-    /// the vhost-user connection first (seen after a sleep of 100 ms, 1 ms
-    /// in DPDK mode, that nothing ended),
+    /// the vhost-user connection first (looked for after each sleep of
+    /// 100 ms, 1 ms in DPDK mode, that no call notification cut short);
     /// [`Error::ShutHere`] if this tool shut it down after an earlier
     /// failure.
     pub fn reap(&mut self, out: &mut Vec<Used>, timeout: Duration) -> Result<(), Error> {
@@ -486,10 +486,11 @@ impl DriverQueue {
             // SAFETY: one valid pollfd.
             let woken = unsafe { libc::poll(&mut pfd, 1, if self.dpdk { 1 } else { 100 }) };
             let _ = self.call.read();
-            // Nothing signalled for the whole poll: has the backend gone?
+            // Nothing signalled for the whole poll (or the poll was
+            // interrupted): has the backend gone?
             // (Looked at only then, so that a wait that is signalled makes
             // one system call, on one descriptor.)
-            if woken == 0 && self.peer_hung_up() {
+            if woken <= 0 && self.peer_hung_up() {
                 // The backend may still publish what its queue workers
                 // were running when its end of the socket closed.
                 std::thread::sleep(HANGUP_GRACE);
