@@ -362,6 +362,12 @@ fn a_wait_after_the_tool_shut_the_connection_down_says_so() {
     let pid = daemon.pid() as libc::pid_t;
     // SAFETY: kill(2) of our child, not reaped yet.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Stopped before the request goes out (kill(2) returns before the
+    // stop takes effect); WUNTRACED reports the stop and reaps nothing.
+    let mut status = 0;
+    // SAFETY: waitpid(2) of our child with a valid status pointer.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) }, pid);
+    assert!(libc::WIFSTOPPED(status), "status {status:#x}");
     // One request in flight that the stopped daemon does not complete.
     let q = &mut fe.queues[0];
     let slot = q.next_slot().expect("a free slot");
