@@ -9,7 +9,7 @@
 use super::model::MEM;
 use crate::common::*;
 use vhost_crypto_replay::driver_ring::{Descriptor, DESC_SIZE, F_INDIRECT, F_NEXT, F_WRITE};
-use vhost_user_crypto::crypto::{prepare, run_lanes, Completion, Prepared, RequestLimits};
+use vhost_user_crypto::crypto::{prepare, run_lanes, Completion, LaneReq, Prepared, RequestLimits};
 use vhost_user_crypto::virtq::descriptor::ChainWalker;
 use vhost_user_crypto::virtq::map_contiguous;
 use vhost_user_crypto::wire::virtio_crypto::{OpDataReq, Status};
@@ -72,6 +72,38 @@ fn rewrite_descriptors(vm: &Vm, head: u16, indirect: bool) {
     }
 }
 
+/// Runs `lane` on its own and returns its completion.
+fn run_alone(lane: LaneReq<'_>) -> Completion {
+    let mut lanes = [Some(lane)];
+    run_lanes(&mut lanes);
+    lanes[0].as_ref().expect("the lane").completion()
+}
+
+/// Asserts that the 64-byte request at X completed OK with `output` (what
+/// X held when it was walked) and that nothing in Y was written.
+#[track_caller]
+fn assert_done_as_staged(vm: &Vm, c: Completion, output: &[u8], ctx: &str) {
+    assert_eq!(
+        c,
+        Completion {
+            used_len: 65,
+            status: Some(Status::Ok),
+            work: 64,
+            src_len: 64,
+        },
+        "{ctx}"
+    );
+    vm.assert_done_at(
+        X,
+        Used {
+            id: 0,
+            len: c.used_len,
+        },
+        output,
+    );
+    vm.assert_canary(Y, Y_BYTES);
+}
+
 #[test]
 fn descriptors_rewritten_after_the_walk_are_never_read_again() {
     for indirect in [false, true] {
@@ -91,33 +123,11 @@ fn descriptors_rewritten_after_the_walk_are_never_read_again() {
                 // is a lane when lanes are allowed.)
                 match (prepare(&walker, &sessions, LIMITS, lane), lane) {
                     (Prepared::Done(c), false) => c,
-                    (Prepared::Lane(l), true) => {
-                        let mut lanes = [Some(l)];
-                        run_lanes(&mut lanes);
-                        lanes[0].as_ref().expect("the lane").completion()
-                    }
+                    (Prepared::Lane(l), true) => run_alone(l),
                     (p, _) => panic!("{ctx}: {p:?}"),
                 }
             };
-            assert_eq!(
-                c,
-                Completion {
-                    used_len: 65,
-                    status: Some(Status::Ok),
-                    work: 64,
-                    src_len: 64,
-                },
-                "{ctx}"
-            );
-            vm.assert_done_at(
-                X,
-                Used {
-                    id: 0,
-                    len: c.used_len,
-                },
-                &output,
-            );
-            vm.assert_canary(Y, Y_BYTES);
+            assert_done_as_staged(&vm, c, &output, &ctx);
         }
     }
 }
@@ -148,31 +158,11 @@ fn header_iv_and_descriptors_rewritten_after_validation_are_never_read_again() {
             h.op_type = 2;
             vm.write(X, &h.to_bytes());
             vm.write(Addrs::at(X).iv, &[0xFF; 16]);
-            let mut lanes = [Some(lane)];
-            run_lanes(&mut lanes);
-            let c = lanes[0].as_ref().expect("the lane").completion();
+            let c = run_alone(lane);
             drop(sessions);
-            assert_eq!(
-                c,
-                Completion {
-                    used_len: 65,
-                    status: Some(Status::Ok),
-                    work: 64,
-                    src_len: 64,
-                },
-                "{ctx}"
-            );
             // NIST F.2.1 / F.2.2 with the IV and length validated: the
             // snapshot.
-            vm.assert_done_at(
-                X,
-                Used {
-                    id: 0,
-                    len: c.used_len,
-                },
-                &output,
-            );
-            vm.assert_canary(Y, Y_BYTES);
+            assert_done_as_staged(&vm, c, &output, &ctx);
         }
     }
 }
