@@ -58,65 +58,63 @@ fn check_seed_files(target: &str, seeds: &[(&str, Vec<u8>)]) {
     }
 }
 
+/// Each of `target`'s seed programs decodes from its own encoding to
+/// itself, and its corpus file holds that encoding ([`check_seed_files`]).
+fn check_seeds<P: PartialEq + std::fmt::Debug>(
+    target: &str,
+    seeds: &[(&'static str, P)],
+    encode: impl Fn(&P) -> Vec<u8>,
+    decode: impl Fn(&[u8]) -> P,
+) {
+    let mut encoded = Vec::new();
+    for (name, p) in seeds {
+        let bytes = encode(p);
+        assert_eq!(&decode(&bytes), p, "seed {name} round trip");
+        encoded.push((*name, bytes));
+    }
+    check_seed_files(target, &encoded);
+}
+
 #[test]
 fn queue_seeds_are_in_the_corpus_and_round_trip() {
     let seeds = seeds::queue_seeds();
     assert!(seeds.len() >= 30, "{} queue seeds", seeds.len());
-    let mut encoded = Vec::new();
-    for (name, p) in &seeds {
-        let bytes = p.encode();
-        assert_eq!(&queue::QueueProgram::decode(&bytes), p, "seed {name} round trip");
-        encoded.push((*name, bytes));
-    }
-    check_seed_files("queue", &encoded);
+    check_seeds(
+        "queue",
+        &seeds,
+        queue::QueueProgram::encode,
+        queue::QueueProgram::decode,
+    );
 }
 
 #[test]
 fn session_seeds_are_in_the_corpus_and_round_trip() {
-    let seeds = seeds::session_seeds();
-    let mut encoded = Vec::new();
-    for (name, p) in &seeds {
-        let bytes = p.encode();
-        assert_eq!(
-            &session::SessionProgram::decode(&bytes),
-            p,
-            "seed {name} round trip"
-        );
-        encoded.push((*name, bytes));
-    }
-    check_seed_files("session", &encoded);
+    check_seeds(
+        "session",
+        &seeds::session_seeds(),
+        session::SessionProgram::encode,
+        session::SessionProgram::decode,
+    );
 }
 
 #[test]
 fn engines_seeds_are_in_the_corpus_and_round_trip() {
-    let seeds = seeds::engines_seeds();
-    let mut encoded = Vec::new();
-    for (name, p) in &seeds {
-        let bytes = p.encode();
-        assert_eq!(
-            &engines::EnginesProgram::decode(&bytes),
-            p,
-            "seed {name} round trip"
-        );
-        encoded.push((*name, bytes));
-    }
-    check_seed_files("engines", &encoded);
+    check_seeds(
+        "engines",
+        &seeds::engines_seeds(),
+        engines::EnginesProgram::encode,
+        engines::EnginesProgram::decode,
+    );
 }
 
 #[test]
 fn socket_seeds_are_in_the_corpus_and_round_trip() {
-    let seeds = socket::seeds();
-    let mut encoded = Vec::new();
-    for (name, p) in &seeds {
-        let bytes = p.encode();
-        assert_eq!(
-            &socket::SocketProgram::decode(&bytes),
-            p,
-            "seed {name} round trip"
-        );
-        encoded.push((*name, bytes));
-    }
-    check_seed_files("socket", &encoded);
+    check_seeds(
+        "socket",
+        &socket::seeds(),
+        socket::SocketProgram::encode,
+        socket::SocketProgram::decode,
+    );
 }
 
 #[test]
