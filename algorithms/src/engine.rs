@@ -117,17 +117,27 @@ pub struct EngineChoice<E> {
 /// runs on it, chosen with [`AES_ENGINE_ENV`].
 pub type AesEngineChoice = EngineChoice<AesEngine>;
 
+impl<E> EngineChoice<E> {
+    /// The choice for the value `requested` of an engine's environment
+    /// variable, given `usable`, the engine it names if this CPU runs it:
+    /// that engine, else `detect`'s, `ignored` when a value was set but
+    /// named no usable engine.
+    pub(crate) fn resolve(requested: Option<&str>, usable: Option<E>, detect: impl FnOnce() -> E) -> Self {
+        EngineChoice {
+            ignored: requested.is_some() && usable.is_none(),
+            engine: usable.unwrap_or_else(detect),
+            requested: requested.map(str::to_owned),
+        }
+    }
+}
+
 impl EngineChoice<AesEngine> {
     /// The choice for the value `requested` of [`AES_ENGINE_ENV`].
     pub fn from_request(requested: Option<&str>) -> AesEngineChoice {
-        let wanted = requested
+        let usable = requested
             .and_then(AesEngine::from_name)
             .filter(|e| e.is_supported());
-        AesEngineChoice {
-            engine: wanted.unwrap_or_else(AesEngine::detect),
-            requested: requested.map(str::to_owned),
-            ignored: requested.is_some() && wanted.is_none(),
-        }
+        Self::resolve(requested, usable, AesEngine::detect)
     }
 }
 

@@ -121,14 +121,10 @@ impl ShaEngine {
 impl EngineChoice<ShaEngine> {
     /// The choice for the value `requested` of [`SHA_ENGINE_ENV`].
     pub fn from_request(requested: Option<&str>) -> EngineChoice<ShaEngine> {
-        let wanted = requested
+        let usable = requested
             .and_then(ShaEngine::from_name)
             .filter(|e| e.is_available());
-        EngineChoice {
-            engine: wanted.unwrap_or_else(ShaEngine::detect),
-            requested: requested.map(str::to_owned),
-            ignored: requested.is_some() && wanted.is_none(),
-        }
+        Self::resolve(requested, usable, ShaEngine::detect)
     }
 }
 
