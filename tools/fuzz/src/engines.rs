@@ -404,6 +404,20 @@ impl LaneBufs {
     }
 }
 
+/// Panics, naming `what()` and the first byte where they differ, unless
+/// `got` (an engine's output) equals `want` (RustCrypto's).
+fn assert_same_as_rustcrypto(got: &[u8], want: &[u8], what: impl Fn() -> String) {
+    if got != want {
+        let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "{}: first differing byte {i}: {:#04x} != {:#04x} (RustCrypto)",
+            what(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
 fn run_aes(p: &EnginesProgram, out: &mut Outcome) {
     let key = AesCbcKey::new(&p.key).expect("16, 24 or 32 bytes");
     let mut at = 0;
@@ -453,15 +467,7 @@ fn run_aes(p: &EnginesProgram, out: &mut Outcome) {
                 )
             };
             let got = b.finish(d, &what);
-            if got != &e[..] {
-                let i = got.iter().zip(e).position(|(a, b)| a != b).unwrap_or(0);
-                panic!(
-                    "{}: first differing byte {i}: {:#04x} != {:#04x} (RustCrypto)",
-                    what(),
-                    got[i],
-                    e[i]
-                );
-            }
+            assert_same_as_rustcrypto(got, e, what);
             let chain = e.last_chunk::<16>().copied().unwrap_or(l.iv);
             assert_eq!(ivs[k], chain, "{w}: returned chaining value", w = what());
             out.lanes_encrypted += 1;
@@ -491,15 +497,7 @@ fn run_aes(p: &EnginesProgram, out: &mut Outcome) {
         }
         drop(s);
         let got = b.finish(d, &what);
-        if got != &dd[..] {
-            let i = got.iter().zip(dd).position(|(a, b)| a != b).unwrap_or(0);
-            panic!(
-                "{} (vaes512: {vaes}): first differing byte {i}: {:#04x} != {:#04x} (RustCrypto)",
-                what(),
-                got[i],
-                dd[i]
-            );
-        }
+        assert_same_as_rustcrypto(got, dd, || format!("{} (vaes512: {vaes})", what()));
         out.lanes_decrypted += 1;
         out.vaes_decrypts += u64::from(vaes);
     }
