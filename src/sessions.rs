@@ -576,6 +576,14 @@ impl SessionTable {
         self.shared.posted.fetch_add(1, Ordering::Release) + 1
     }
 
+    /// Whether the process's tables are being or were wiped for its exit
+    /// ([`LiveTables::wipe_all`]). Read with this table locked, false
+    /// means the table keeps its sessions until the lock is let go: the
+    /// wipe sets the flag before it takes any table's lock.
+    pub fn is_wiped(&self) -> bool {
+        self.shared.live.is_closed()
+    }
+
     /// Posts applied so far.
     fn applied(&self) -> u64 {
         self.shared.applied.load(Ordering::Acquire)

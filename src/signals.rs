@@ -3,8 +3,9 @@
 //! frontend connected or not (QEMU's `docs/interop/vhost-user.rst`,
 //! "Backend program conventions", asks for a prompt exit on SIGTERM),
 //! having zeroized the keys of every live session
-//! ([`crate::sessions::LiveTables::wipe_all`]) and removed the socket
-//! files it bound ([`remove_on_exit`]).
+//! ([`crate::sessions::LiveTables::wipe_all`]; queue workers take no
+//! request once it starts, `SessionTable::is_wiped`) and removed the
+//! socket files it bound ([`remove_on_exit`]).
 //!
 //! [`handle_exit_signals`] blocks both signals in the calling thread and
 //! starts one thread that waits for them (sigwait(3)). `daemon::run`

@@ -352,6 +352,14 @@ impl QueueWorker {
         // posted meanwhile (a CREATE or CLOSE does not wait for this lock
         // while a batch holds it, `crate::sessions`).
         let sessions = self.sessions.lock();
+        if self.sessions.is_wiped() {
+            // The process is exiting (SIGTERM, SIGINT) and its keys are
+            // being zeroized: take nothing more. A request taken now would
+            // find its session gone and complete as INVSESS although the
+            // driver never closed it; left on the avail ring, it ends with
+            // the connection.
+            return Ok(result);
+        }
         let ahead = avail.wrapping_sub(*next_avail);
         if ahead > ring.size {
             // (Nothing was completed in this call.)

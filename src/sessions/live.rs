@@ -14,7 +14,8 @@ use super::TableShared;
 #[derive(Debug)]
 pub struct LiveTables {
     /// Set once by [`LiveTables::wipe_all`]: from then on the tables drop
-    /// what the registry posts to them.
+    /// what the registry posts to them, and queue workers take no request
+    /// (`SessionTable::is_wiped`, read under the sessions lock).
     closed: AtomicBool,
     tables: Mutex<Vec<Weak<TableShared>>>,
 }
@@ -56,7 +57,7 @@ impl LiveTables {
     }
 
     /// Whether [`LiveTables::wipe_all`] has run (checked under a table's
-    /// posts lock).
+    /// posts lock by a post, under its sessions lock by a queue worker).
     pub(super) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
@@ -90,11 +91,12 @@ impl LiveTables {
     /// is either wiped here or dropped there). A CLOSE waiting for its
     /// removal to be applied sees it applied.
     ///
-    /// A queue worker holds its table's lock for one batch at a time, and
-    /// leaves its locks free between batches (`backend::lock_gap_if_due`);
-    /// a table still locked after `within` (a worker blocked on guest
-    /// memory the frontend made block) is left as it is and counted in
-    /// [`Wiped::busy`].
+    /// A queue worker holds its table's lock for one batch at a time,
+    /// leaves its locks free between batches (`backend::lock_gap_if_due`),
+    /// and takes no request in a batch that finds the flag set
+    /// (`SessionTable::is_wiped`); a table still locked after `within` (a
+    /// worker blocked on guest memory the frontend made block) is left as
+    /// it is and counted in [`Wiped::busy`].
     ///
     /// Lock order (docs/ARCHITECTURE.md, "Locks"): the list's lock alone;
     /// then each table's session map, then its posts.

@@ -15,6 +15,8 @@
 //! the status policy of docs/PROTOCOL.md §6), never from the code under
 //! test.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::codes::{ENCRYPT, OK};
@@ -23,7 +25,7 @@ use vhost_crypto_replay::driver_ring::{
     self, DescAlloc, Descriptor, DriverMemory, DriverRing, SplitRing, TableArea, UsedElem,
 };
 use vhost_user_crypto::crypto::RequestLimits;
-use vhost_user_crypto::sessions::{session_set, SessionRegistry, SessionTable};
+use vhost_user_crypto::sessions::{live_tables, session_set_in, LiveTables, SessionRegistry, SessionTable};
 use vhost_user_crypto::virtq::ring::RingAddrs;
 use vhost_user_crypto::wire::session::SymSessionInfo;
 use vhost_user_crypto::wire::virtio_crypto::OpDataReq;
@@ -168,9 +170,16 @@ impl Vm {
 
     /// `queues` session tables; the first one feeds `worker`.
     pub fn build(ranges: &[(u64, usize)], queues: usize) -> Vm {
+        Vm::build_in(ranges, queues, live_tables())
+    }
+
+    /// [`Vm::build`] with the session tables in the list `live` (a test
+    /// that wipes its tables as the exit does must not wipe the process's).
+    pub fn build_in(ranges: &[(u64, usize)], queues: usize, live: &'static LiveTables) -> Vm {
         let r: Vec<(GuestAddress, usize)> = ranges.iter().map(|&(a, l)| (GuestAddress(a), l)).collect();
         let mem = GuestMemoryMmap::<()>::from_ranges(&r).expect("guest memory");
-        let (mut reg, mut tables) = session_set(1024, queues);
+        let ids = Arc::new(AtomicU64::new(1));
+        let (mut reg, mut tables) = session_set_in(1024, queues, ids, live);
         assert_eq!(reg.create(&session_info(&NIST_KEY, 1)), E as i64);
         assert_eq!(reg.create(&session_info(&NIST_KEY, 2)), D as i64);
         let first = tables.remove(0);

@@ -2,11 +2,13 @@
 //! Sessions as the data path and the session messages see them: the
 //! error paths of CREATE and CLOSE (H05), key lengths and payload sizes of
 //! CREATE in every layout (H06, docs/PROTOCOL.md §3), and requests naming a
-//! closed session.
+//! closed session or sent while the exit wipes the sessions.
+
+use std::time::Duration;
 
 use crate::common::*;
 use vhost_user_crypto::proxy::{handle_create, AbiChoice};
-use vhost_user_crypto::sessions::session_set;
+use vhost_user_crypto::sessions::{session_set, LiveTables};
 use vhost_user_crypto::wire::session::{encode_create, SessionAbi};
 
 #[test]
@@ -132,4 +134,28 @@ fn closed_session_is_invsess() {
     let b = vm.stage(&hdr(ENCRYPT, id as u64, 64, 64), &NIST_PT);
     let u = vm.submit(&b);
     vm.assert_done(u, &NIST_CT);
+}
+
+/// Once the exit on SIGTERM or SIGINT has started wiping the session
+/// tables, the worker takes no more requests: a request taken then would
+/// find its session gone and complete as INVSESS although the driver never
+/// closed it. It stays on the avail ring instead.
+#[test]
+fn no_request_is_taken_once_the_exit_wipes_the_sessions() {
+    let live: &'static LiveTables = Box::leak(Box::new(LiveTables::new()));
+    let mut vm = Vm::build_in(&[(0, 256 << 20)], 2, live);
+    let b = vm.baseline();
+    let u = vm.submit(&b);
+    vm.assert_done(u, &NIST_CT);
+    let wiped = live.wipe_all(Duration::from_secs(1));
+    assert_eq!((wiped.tables, wiped.sessions, wiped.busy), (2, 4, 0));
+    let b = vm.baseline();
+    let head = vm.chain(&b);
+    vm.push(head);
+    let r = vm.run();
+    assert_eq!(r.completed, 0, "requests taken after the wipe");
+    assert_eq!(vm.next_avail, 1, "next_avail");
+    assert_eq!(vm.used_idx(), 1, "used.idx");
+    vm.assert_canary(DST, DST_AREA);
+    vm.assert_canary(STATUS, STATUS_AREA);
 }

@@ -370,6 +370,14 @@ fn sigterm_mid_run_exits_0_within_a_second() {
     let r = run.join().unwrap().expect("a report");
     let ended = signalled.elapsed();
     assert!(r.requests < total, "{}", r.requests);
+    // Every request completed before the close has status OK: none found
+    // its session already wiped (INVSESS).
+    assert!(
+        r.status_counts.get("ok").is_some_and(|&n| n > 0),
+        "{:?}",
+        r.status_counts
+    );
+    assert!(r.status_counts.keys().all(|s| s == "ok"), "{:?}", r.status_counts);
     let why = r.error.unwrap_or_default();
     // (A signal in the moment between two passes stops the session's
     // CLOSE or CREATE message instead: a socket error, or the GET_FEATURES
