@@ -229,6 +229,47 @@ fn every_length_around_the_padding_boundaries_on_every_engine() {
     }
 }
 
+/// Batches whose messages' inner hashes take the same number of blocks
+/// (the AVX-512 engine hashes inner and outer blocks in one kernel call
+/// then), with different keys, 1 to 16 messages of one algorithm, the
+/// blocks split differently between whole data blocks and padded final
+/// blocks from message to message, and now and then one message of
+/// another block count among them.
+#[test]
+fn batches_of_equal_block_counts_match_rustcrypto_on_every_engine() {
+    let mut rng = SplitMix64::seed_from_u64(0x5eed_0004);
+    for engine in engines() {
+        for alg in [MacAlg::HmacSha1, MacAlg::HmacSha256] {
+            for n in 1..=MAX_MAC_LANES {
+                for whole in [0, 1, 3, 4, 23, 1023] {
+                    let odd = n > 1 && below(&mut rng, 3) == 0;
+                    let msgs: Vec<Msg> = (0..n)
+                        .map(|i| {
+                            // whole + 2 blocks to hash: `whole` data blocks
+                            // and a tail of 55..=63 bytes (two padded final
+                            // blocks), or one more data block and a tail of
+                            // 0..=54 bytes (one).
+                            let len = if below(&mut rng, 2) == 0 {
+                                whole * 64 + 55 + below(&mut rng, 9)
+                            } else {
+                                (whole + 1) * 64 + below(&mut rng, 55)
+                            };
+                            let len = if odd && i == n / 2 { len + 128 } else { len };
+                            let key_len = below(&mut rng, 201);
+                            Msg {
+                                alg,
+                                key: bytes(&mut rng, key_len),
+                                data: bytes(&mut rng, len),
+                            }
+                        })
+                        .collect();
+                    check_batch(engine, &msgs, &format!("{n} of {whole} blocks, odd {odd}"));
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn random_batches_match_rustcrypto_on_every_engine() {
     let mut rng = SplitMix64::seed_from_u64(0x5eed_0002);

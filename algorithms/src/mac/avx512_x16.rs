@@ -43,30 +43,80 @@ impl Avx512 {
     /// blocks and its padded final blocks). Panics if a first piece is not
     /// whole blocks or a lane's pieces hold fewer than `blocks` blocks.
     pub(crate) fn sha1(self, states: &mut [[u32; LANES]; 5], data: [[&[u8]; 2]; LANES], blocks: usize) {
-        assert!(data
-            .iter()
-            .all(|[a, b]| a.len() % 64 == 0 && a.len() / 64 + b.len() / 64 >= blocks));
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx512` exists only when the CPU has the features the
-        // kernel is compiled for, and every lane holds `blocks` whole blocks
-        // (checked above), which is all the kernel reads.
-        unsafe {
-            kernel(states, data, blocks)
-        }
+        self.hash1(states, None, data, blocks);
+    }
+
+    /// HMAC-SHA1 (RFC 2104) of every lane's message, whose inner hash is
+    /// `blocks` blocks of its two pieces (as [`Avx512::sha1`]: the
+    /// message's whole blocks, then its padded final blocks). `states`
+    /// holds the inner key states on entry and the tags' words on return;
+    /// `outer` holds the outer key states. Panics as [`Avx512::sha1`].
+    pub(crate) fn hmac_sha1(
+        self,
+        states: &mut [[u32; LANES]; 5],
+        outer: &[[u32; LANES]; 5],
+        data: [[&[u8]; 2]; LANES],
+        blocks: usize,
+    ) {
+        self.hash1(states, Some(outer), data, blocks);
     }
 
     /// SHA-256 compression, as [`Avx512::sha1`] with eight state words
     /// (a..h).
     pub(crate) fn sha256(self, states: &mut [[u32; LANES]; 8], data: [[&[u8]; 2]; LANES], blocks: usize) {
-        assert!(data
-            .iter()
-            .all(|[a, b]| a.len() % 64 == 0 && a.len() / 64 + b.len() / 64 >= blocks));
+        self.hash256(states, None, data, blocks);
+    }
+
+    /// HMAC-SHA-256, as [`Avx512::hmac_sha1`] with eight state words.
+    pub(crate) fn hmac_sha256(
+        self,
+        states: &mut [[u32; LANES]; 8],
+        outer: &[[u32; LANES]; 8],
+        data: [[&[u8]; 2]; LANES],
+        blocks: usize,
+    ) {
+        self.hash256(states, Some(outer), data, blocks);
+    }
+
+    fn hash1(
+        self,
+        states: &mut [[u32; LANES]; 5],
+        outer: Option<&[[u32; LANES]; 5]>,
+        data: [[&[u8]; 2]; LANES],
+        blocks: usize,
+    ) {
+        assert_pieces(&data, blocks);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `sha1`.
+        // SAFETY: `Avx512` exists only when the CPU has the features the
+        // kernel is compiled for, and every lane holds `blocks` whole blocks
+        // (checked above), which is all the kernel reads.
         unsafe {
-            kernel256(states, data, blocks)
+            kernel(states, outer, data, blocks)
         }
     }
+
+    fn hash256(
+        self,
+        states: &mut [[u32; LANES]; 8],
+        outer: Option<&[[u32; LANES]; 8]>,
+        data: [[&[u8]; 2]; LANES],
+        blocks: usize,
+    ) {
+        assert_pieces(&data, blocks);
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `hash1`.
+        unsafe {
+            kernel256(states, outer, data, blocks)
+        }
+    }
+}
+
+/// Panics unless every lane's first piece is whole blocks and its two
+/// pieces hold at least `blocks` blocks (all the kernels read).
+fn assert_pieces(data: &[[&[u8]; 2]; LANES], blocks: usize) {
+    assert!(data
+        .iter()
+        .all(|[a, b]| a.len() % 64 == 0 && a.len() / 64 + b.len() / 64 >= blocks));
 }
 
 /// Loads block `j` of every lane (the lane's two pieces hashed one after
@@ -127,21 +177,67 @@ fn transpose(r: &[__m512i; LANES], w: &mut [__m512i; 16]) {
     }
 }
 
+/// Loads the state rows (`rows[w][l]`: word `w` of lane `l`) into
+/// registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn load_rows<const W: usize>(rows: &[[u32; LANES]; W]) -> [__m512i; W] {
+    // SAFETY: each row is 64 bytes.
+    std::array::from_fn(|w| unsafe { _mm512_loadu_si512(rows[w].as_ptr() as *const _) })
+}
+
+/// Stores registers into state rows (the inverse of [`load_rows`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn store_rows<const W: usize>(h: &[__m512i; W], rows: &mut [[u32; LANES]; W]) {
+    for (hk, row) in h.iter().zip(rows.iter_mut()) {
+        // SAFETY: `row` is 64 bytes.
+        unsafe { _mm512_storeu_si512(row.as_mut_ptr() as *mut _, *hk) };
+    }
+}
+
+/// The HMAC outer hash's one block in every lane (RFC 2104 §2): the inner
+/// digest (its state words: SHA loads a block's words big-endian, as the
+/// digest is written), 0x80, zeros, and the bit length of the 64-byte
+/// key block and the digest (FIPS 180-4 §5.1.1).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn outer_words(digest: &[__m512i], w: &mut [__m512i; 16]) {
+    let n = digest.len();
+    w[..n].copy_from_slice(digest);
+    w[n] = _mm512_set1_epi32(0x8000_0000u32 as i32);
+    for x in &mut w[n + 1..15] {
+        *x = _mm512_setzero_si512();
+    }
+    w[15] = _mm512_set1_epi32(((64 + 4 * n) * 8) as i32);
+}
+
+/// Hashes `blocks` blocks of every lane's two pieces into `states`; with
+/// `outer`, then the HMAC outer block of the result ([`outer_words`])
+/// from the states in `outer`, so that `states` ends with the tags' words.
+/// (One loop for both: a second copy of the rounds would not be inlined.)
+///
 /// # Safety
 /// The CPU has AVX-512F and AVX-512BW; each lane's first piece is whole
 /// blocks, and its two pieces hold at least `blocks` blocks.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [[&[u8]; 2]; LANES], blocks: usize) {
-    let mut h = [_mm512_setzero_si512(); 5];
-    for (hk, row) in h.iter_mut().zip(states.iter()) {
-        // SAFETY: `row` is 64 bytes.
-        *hk = unsafe { _mm512_loadu_si512(row.as_ptr() as *const _) };
-    }
+unsafe fn kernel(
+    states: &mut [[u32; LANES]; 5],
+    outer: Option<&[[u32; LANES]; 5]>,
+    data: [[&[u8]; 2]; LANES],
+    blocks: usize,
+) {
+    let mut h = load_rows(states);
     let mut w = [_mm512_setzero_si512(); 16];
-    for j in 0..blocks {
-        // SAFETY: j < blocks (caller's guarantee covers every such block).
-        unsafe { load_block(&data, j, &mut w) };
+    for j in 0..blocks + usize::from(outer.is_some()) {
+        if j < blocks {
+            // SAFETY: j < blocks (caller's guarantee covers every such block).
+            unsafe { load_block(&data, j, &mut w) };
+        } else if let Some(outer) = outer {
+            outer_words(&h, &mut w);
+            h = load_rows(outer);
+        }
         let [mut a, mut b, mut c, mut d, mut e] = h;
         // One round: e += rotl5(a) + f(b, c, d) + K + W[t]; b = rotl30(b).
         // Rounds 16.. first extend the schedule (FIPS 180-4 §6.1.2 step 1).
@@ -184,27 +280,30 @@ unsafe fn kernel(states: &mut [[u32; LANES]; 5], data: [[&[u8]; 2]; LANES], bloc
             *hk = _mm512_add_epi32(*hk, x);
         }
     }
-    for (hk, row) in h.iter().zip(states.iter_mut()) {
-        // SAFETY: `row` is 64 bytes.
-        unsafe { _mm512_storeu_si512(row.as_mut_ptr() as *mut _, *hk) };
-    }
+    store_rows(&h, states);
 }
 
 /// # Safety
 /// As [`kernel`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn kernel256(states: &mut [[u32; LANES]; 8], data: [[&[u8]; 2]; LANES], blocks: usize) {
+unsafe fn kernel256(
+    states: &mut [[u32; LANES]; 8],
+    outer: Option<&[[u32; LANES]; 8]>,
+    data: [[&[u8]; 2]; LANES],
+    blocks: usize,
+) {
     use super::sha_lanes::K256;
-    let mut h = [_mm512_setzero_si512(); 8];
-    for (hk, row) in h.iter_mut().zip(states.iter()) {
-        // SAFETY: `row` is 64 bytes.
-        *hk = unsafe { _mm512_loadu_si512(row.as_ptr() as *const _) };
-    }
+    let mut h = load_rows(states);
     let mut w = [_mm512_setzero_si512(); 16];
-    for j in 0..blocks {
-        // SAFETY: j < blocks (caller's guarantee covers every such block).
-        unsafe { load_block(&data, j, &mut w) };
+    for j in 0..blocks + usize::from(outer.is_some()) {
+        if j < blocks {
+            // SAFETY: j < blocks (caller's guarantee covers every such block).
+            unsafe { load_block(&data, j, &mut w) };
+        } else if let Some(outer) = outer {
+            outer_words(&h, &mut w);
+            h = load_rows(outer);
+        }
         let [mut a, mut b, mut c, mut d, mut e, mut f, mut g, mut hh] = h;
         // One round (FIPS 180-4 §6.2.2 step 3): T1 = h + Σ1(e) + Ch(e, f, g)
         // + K + W[t], T2 = Σ0(a) + Maj(a, b, c); d += T1, h = T1 + T2 (the
@@ -264,8 +363,5 @@ unsafe fn kernel256(states: &mut [[u32; LANES]; 8], data: [[&[u8]; 2]; LANES], b
             *hk = _mm512_add_epi32(*hk, x);
         }
     }
-    for (hk, row) in h.iter().zip(states.iter_mut()) {
-        // SAFETY: `row` is 64 bytes.
-        unsafe { _mm512_storeu_si512(row.as_mut_ptr() as *mut _, *hk) };
-    }
+    store_rows(&h, states);
 }

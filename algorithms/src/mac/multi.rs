@@ -10,6 +10,12 @@
 //! done take the next message, and lanes without one drop out (the next
 //! SHA-NI call is narrower; the 16-lane AVX-512 kernel hashes a live
 //! lane's blocks again in their place). Messages are grouped by algorithm.
+//!
+//! On the 16-lane AVX-512 engine, when every message of one algorithm in
+//! a call takes the same number of inner blocks (a daemon's lane group:
+//! one session, mostly one size), one kernel call hashes them all, inner
+//! blocks and then the outer block, which it builds in registers from the
+//! inner digests (`run_x16_even`).
 
 use std::sync::OnceLock;
 
@@ -294,10 +300,9 @@ impl Slot {
     /// then padded final blocks); returns the inner state.
     fn start_merged(&mut self, job: usize, j: &MacJob<'_>) -> [u32; 8] {
         let inner = self.start(job, j);
-        let whole = j.data.len() / BLOCK;
         self.part = 0;
         self.merged = true;
-        self.blocks = whole + if j.data.len() % BLOCK + 9 <= BLOCK { 1 } else { 2 };
+        self.blocks = inner_blocks(j.data.len());
         inner
     }
 
@@ -372,8 +377,26 @@ impl Slot {
 fn run(kernel: Kernel, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8]) {
     match kernel {
         Kernel::Ni(ni, w) => run_ni(ni, w.clamp(1, MAX_WIDTH), alg, jobs, idx),
-        Kernel::X16(x16) => run_x16(x16, alg, jobs, idx),
+        Kernel::X16(x16) => match even_blocks(jobs, idx) {
+            Some(blocks) if idx.len() <= avx512_x16::LANES => run_x16_even(x16, alg, jobs, idx, blocks),
+            _ => run_x16(x16, alg, jobs, idx),
+        },
     }
+}
+
+/// Blocks of the inner hash of a `len`-byte message (after the 64-byte
+/// key block): its whole blocks and one or two padded final blocks.
+fn inner_blocks(len: usize) -> usize {
+    len / BLOCK + if len % BLOCK + 9 <= BLOCK { 1 } else { 2 }
+}
+
+/// The inner hashes' block count when the jobs `idx` all have the same.
+fn even_blocks(jobs: &[MacJob<'_>], idx: &[u8]) -> Option<usize> {
+    let (&first, rest) = idx.split_first()?;
+    let blocks = inner_blocks(jobs[usize::from(first)].data.len());
+    rest.iter()
+        .all(|&i| inner_blocks(jobs[usize::from(i)].data.len()) == blocks)
+        .then_some(blocks)
 }
 
 /// [`run`] with the SHA-NI kernels: live lanes are compacted to the
@@ -448,6 +471,52 @@ fn call<const N: usize>(
         states[lanes[l]] = *s;
     }
     st.zeroize();
+}
+
+/// [`run`] with the 16-lane AVX-512 kernels for at most 16 jobs whose
+/// inner hashes take `blocks` blocks each: one kernel call hashes every
+/// lane's inner and outer blocks; the inner digests stay in registers.
+/// Lanes past the jobs hash the first job's blocks again (their result is
+/// not used).
+fn run_x16_even(x16: Avx512, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8], blocks: usize) {
+    const L: usize = avx512_x16::LANES;
+    let mut tails = [[0u8; 2 * BLOCK]; L];
+    // SHA-1 uses the first five rows.
+    let mut st = [[0u32; L]; 8];
+    let mut outer = [[0u32; L]; 8];
+    for (l, &i) in idx.iter().enumerate() {
+        let j = &jobs[usize::from(i)];
+        let whole = j.data.len() / BLOCK * BLOCK;
+        pad(&j.data[whole..], (BLOCK + j.data.len()) as u64, &mut tails[l]);
+        for w in 0..8 {
+            st[w][l] = j.key.inner[w];
+            outer[w][l] = j.key.outer[w];
+        }
+    }
+    {
+        let data: [[&[u8]; 2]; L] = std::array::from_fn(|l| {
+            let l = if l < idx.len() { l } else { 0 };
+            let d = jobs[usize::from(idx[l])].data;
+            let whole = d.len() / BLOCK;
+            [&d[..whole * BLOCK], &tails[l][..(blocks - whole) * BLOCK]]
+        });
+        match alg {
+            MacAlg::HmacSha1 => {
+                let st5: &mut [[u32; L]; 5] = st.first_chunk_mut().expect("8 > 5 rows");
+                let outer5: &[[u32; L]; 5] = outer.first_chunk().expect("8 > 5 rows");
+                x16.hmac_sha1(st5, outer5, data, blocks)
+            }
+            MacAlg::HmacSha256 => x16.hmac_sha256(&mut st, &outer, data, blocks),
+        }
+    }
+    for (l, &i) in idx.iter().enumerate() {
+        let s: [u32; 8] = std::array::from_fn(|w| st[w][l]);
+        let tag = &mut jobs[usize::from(i)].tag;
+        digest_into(alg, &s, tag);
+        tag[alg.output_len()..].fill(0);
+    }
+    // `outer` holds the key's outer states; `st` only the tags now.
+    outer.zeroize();
 }
 
 /// [`run`] with the 16-lane AVX-512 kernels. The states stay in the
