@@ -108,9 +108,9 @@ impl ShaEngine {
     }
 
     /// The fastest engine this CPU runs: [`ShaEngine::Avx512X16`] with
-    /// AVX-512 (on Intel Sapphire Rapids 2.5 to 3 times the best SHA-NI
-    /// engine for HMAC-SHA1 and 1.4 to 1.5 times for HMAC-SHA-256, on
-    /// 256- and 1500-byte messages; not measured on AMD), else
+    /// AVX-512 (with 16 messages of 256 or 1500 bytes, on Intel Sapphire
+    /// Rapids about 3 times the best SHA-NI engine for HMAC-SHA1 and 1.5
+    /// times for HMAC-SHA-256; not measured on AMD), else
     /// [`ShaEngine::ShaNiX2`] with SHA-NI (two streams beat one and four
     /// there), else [`ShaEngine::Portable`].
     pub fn detect() -> ShaEngine {
@@ -189,10 +189,11 @@ pub fn mac_multi(jobs: &mut [MacJob<'_>]) {
 
 /// [`mac_multi`] with the given engine. On a CPU that cannot run it:
 /// two interleaved SHA-NI streams for [`ShaEngine::Avx512X16`] without
-/// AVX-512, [`ShaEngine::Portable`] without SHA-NI. Batches longer than [`MAX_MAC_LANES`] are taken
-/// [`MAX_MAC_LANES`] jobs at a time. [`ShaEngine::Avx512X16`] hands fewer
-/// than six messages of one algorithm to two interleaved
-/// SHA-NI streams when the CPU has SHA-NI.
+/// AVX-512, [`ShaEngine::Portable`] without SHA-NI. Batches longer than
+/// [`MAX_MAC_LANES`] are taken [`MAX_MAC_LANES`] jobs at a time.
+/// [`ShaEngine::Avx512X16`] hands fewer messages of one algorithm than
+/// five for HMAC-SHA1 and nine for HMAC-SHA-256 to two interleaved SHA-NI
+/// streams when the CPU has SHA-NI.
 pub fn mac_multi_with(engine: ShaEngine, jobs: &mut [MacJob<'_>]) {
     let ni = ShaNi::detect().filter(|_| engine != ShaEngine::Portable);
     let x16 = Avx512::detect().filter(|_| engine == ShaEngine::Avx512X16);
@@ -210,7 +211,7 @@ pub fn mac_multi_with(engine: ShaEngine, jobs: &mut [MacJob<'_>]) {
                 continue;
             }
             let kernel = match (x16, ni) {
-                (Some(x16), _) if n >= X16_MIN_JOBS || ni.is_none() => Kernel::X16(x16),
+                (Some(x16), _) if n >= x16_min_jobs(alg) || ni.is_none() => Kernel::X16(x16),
                 (_, Some(ni)) => Kernel::Ni(ni, engine.width()),
                 _ => {
                     for j in batch.iter_mut().filter(|j| j.key.alg == alg) {
@@ -224,13 +225,24 @@ pub fn mac_multi_with(engine: ShaEngine, jobs: &mut [MacJob<'_>]) {
     }
 }
 
-/// Fewest messages of one algorithm the 16-lane AVX-512 kernels take (six);
+/// Fewest messages of algorithm `alg` the 16-lane AVX-512 kernels take;
 /// fewer go to two interleaved SHA-NI streams. The 16-lane kernels cost
-/// the same for one live lane as for sixteen: per message, HMAC-SHA1 of
-/// 256 B took 1,215 ns (1 message), 267 (5), 227 (6) and 102 (16) against
-/// 244-330 on SHA-NI, and of 1500 B 933 (5) and 778 (6) against 865-1085
-/// (`examples`-style timing on a Sapphire Rapids class VM, best of 30).
-const X16_MIN_JOBS: usize = 6;
+/// about the same for one live lane as for sixteen, two SHA-NI streams
+/// the same per message. Per message, best of 30 on a Sapphire Rapids
+/// class VM (one key, equal lengths), SHA-NI against AVX-512:
+///
+/// | messages | HMAC-SHA1 256 B | HMAC-SHA1 1500 B | HMAC-SHA-256 256 B | HMAC-SHA-256 1500 B |
+/// |---|---|---|---|---|
+/// | 4 | 252 / 283 ns | 894 / 1,123 ns | 304 / 559 ns | 923 / 2,291 ns |
+/// | 5 | 264 / 229 | 969 / 887 | 287 / 471 | 978 / 1,814 |
+/// | 8 | 254 / 147 | 947 / 559 | 265 / 289 | 949 / 1,173 |
+/// | 16 | 249 / 80 | 983 / 304 | 342 / 198 | 924 / 596 |
+fn x16_min_jobs(alg: MacAlg) -> usize {
+    match alg {
+        MacAlg::HmacSha1 => 5,
+        MacAlg::HmacSha256 => 9,
+    }
+}
 
 /// The kernel [`run`] calls: SHA-NI with at most this many lanes, or the
 /// 16-lane AVX-512 kernels.
