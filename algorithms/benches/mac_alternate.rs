@@ -3,8 +3,13 @@
 //! messages of 256 B and of 1500 B per batch, with the engines taking
 //! turns: each round times 200 batches on every engine in a row, so load
 //! from other processes hits all engines alike. Prints the median and the
-//! best round in MB/s (message bytes). Then one message at a time,
-//! `MacKey` against `ring::hmac`, taking turns the same way.
+//! best round in MB/s (message bytes), and, with both engines available,
+//! how many messages one 16-lane AVX-512 call is worth on two SHA-NI
+//! streams (best rounds: the call's time over SHA-NI's per message; the
+//! 16-lane call costs about the same for fewer live lanes, so fewer
+//! messages than that are faster on SHA-NI: `x16_min_jobs`). Then one
+//! message at a time, `MacKey` against `ring::hmac`, taking turns the
+//! same way.
 //! `cargo bench -p algorithms --bench mac_alternate [-- ROUNDS]` (default 30).
 
 use algorithms::{mac_multi_with, MacAlg, MacJob, MacKey, ShaEngine, MAX_MAC_LANES};
@@ -45,6 +50,13 @@ fn main() {
                     engine.name(),
                     mb(med),
                     mb(min)
+                );
+            }
+            let at = |e: ShaEngine| engines.iter().position(|&x| x == e).map(|i| best[i][0]);
+            if let (Some(x16), Some(ni)) = (at(ShaEngine::Avx512X16), at(ShaEngine::ShaNiX2)) {
+                println!(
+                    "{alg:?} {size:5} one avx512-x16 call = {:.1} messages on shani-x2",
+                    x16 / (ni / MAX_MAC_LANES as f64)
                 );
             }
         }

@@ -108,9 +108,9 @@ impl ShaEngine {
     }
 
     /// The fastest engine this CPU runs: [`ShaEngine::Avx512X16`] with
-    /// AVX-512 (with 16 messages of 256 or 1500 bytes, on Intel Sapphire
-    /// Rapids about 3 times the best SHA-NI engine for HMAC-SHA1 and 1.5
-    /// times for HMAC-SHA-256; not measured on AMD), else
+    /// AVX-512 (with 16 messages of 256 or 1500 bytes, on a Sapphire
+    /// Rapids class CPU about 3 times the best SHA-NI engine for HMAC-SHA1
+    /// and 1.5 to 1.7 times for HMAC-SHA-256; not measured on AMD), else
     /// [`ShaEngine::ShaNiX2`] with SHA-NI (two streams beat one and four
     /// there), else [`ShaEngine::Portable`].
     pub fn detect() -> ShaEngine {
@@ -226,17 +226,22 @@ pub fn mac_multi_with(engine: ShaEngine, jobs: &mut [MacJob<'_>]) {
 }
 
 /// Fewest messages of algorithm `alg` the 16-lane AVX-512 kernels take;
-/// fewer go to two interleaved SHA-NI streams. The 16-lane kernels cost
-/// about the same for one live lane as for sixteen, two SHA-NI streams
-/// the same per message. Per message, best of 30 on a Sapphire Rapids
-/// class VM (one key, equal lengths), SHA-NI against AVX-512:
+/// fewer go to two interleaved SHA-NI streams. A 16-lane call costs
+/// about the same for a few live lanes as for sixteen, two SHA-NI streams
+/// the same per message: the `mac_alternate` bench prints how many
+/// messages one full call is worth (5.3–5.4 for HMAC-SHA1, 9.3–10.0 for
+/// HMAC-SHA-256, 256 and 1500 B, on a Sapphire Rapids class VM). Per
+/// message there, SHA-NI against AVX-512, best of 40 (`mac_multi_with`
+/// timed with this threshold at 1; one key, equal lengths):
 ///
 /// | messages | HMAC-SHA1 256 B | HMAC-SHA1 1500 B | HMAC-SHA-256 256 B | HMAC-SHA-256 1500 B |
 /// |---|---|---|---|---|
-/// | 4 | 252 / 283 ns | 894 / 1,123 ns | 304 / 559 ns | 923 / 2,291 ns |
-/// | 5 | 264 / 229 | 969 / 887 | 287 / 471 | 978 / 1,814 |
-/// | 8 | 254 / 147 | 947 / 559 | 265 / 289 | 949 / 1,173 |
-/// | 16 | 249 / 80 | 983 / 304 | 342 / 198 | 924 / 596 |
+/// | 4 | 250 / 284 ns | 909 / 1,110 ns | 266 / 559 ns | 924 / 2,246 ns |
+/// | 5 | 263 / 230 | 945 / 892 | 275 / 450 | 975 / 1,799 |
+/// | 8 | 250 / 149 | 911 / 563 | 266 / 288 | 919 / 1,130 |
+/// | 9 | 257 / 134 | 928 / 504 | 273 / 257 | 948 / 1,005 |
+/// | 10 | 249 / 122 | 909 / 453 | 264 / 235 | 917 / 907 |
+/// | 16 | 249 / 82 | 908 / 289 | 261 / 152 | 917 / 573 |
 fn x16_min_jobs(alg: MacAlg) -> usize {
     match alg {
         MacAlg::HmacSha1 => 5,
