@@ -65,6 +65,10 @@ done
 log "formatting, lints and docs"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The fuzz harness is a crate of its own (tools/fuzz/README.md): running
+# its targets needs nightly and cargo-fuzz, checking them does not.
+cargo fmt --manifest-path tools/fuzz/Cargo.toml -- --check
+cargo clippy --manifest-path tools/fuzz/Cargo.toml --all-targets -- -D warnings
 # The wire facts build without the daemon's backend (the replay tool's
 # view of the crate), and the replay tool links none of the backend.
 cargo clippy -p vhost-user-crypto --no-default-features --lib -- -D warnings
