@@ -40,45 +40,13 @@ impl Avx512 {
     /// SHA-1 compression of `blocks` blocks from each lane's data into its
     /// state: `states[w][l]` is word `w` (h0..h4) of lane `l`. A lane's
     /// data is two pieces hashed one after the other (the message's whole
-    /// blocks and its padded final blocks). Panics if a first piece is not
-    /// whole blocks or a lane's pieces hold fewer than `blocks` blocks.
-    pub(crate) fn sha1(self, states: &mut [[u32; LANES]; 5], data: [[&[u8]; 2]; LANES], blocks: usize) {
-        self.hash1(states, None, data, blocks);
-    }
-
-    /// HMAC-SHA1 (RFC 2104) of every lane's message, whose inner hash is
-    /// `blocks` blocks of its two pieces (as [`Avx512::sha1`]: the
-    /// message's whole blocks, then its padded final blocks). `states`
-    /// holds the inner key states on entry and the tags' words on return;
-    /// `outer` holds the outer key states. Panics as [`Avx512::sha1`].
-    pub(crate) fn hmac_sha1(
-        self,
-        states: &mut [[u32; LANES]; 5],
-        outer: &[[u32; LANES]; 5],
-        data: [[&[u8]; 2]; LANES],
-        blocks: usize,
-    ) {
-        self.hash1(states, Some(outer), data, blocks);
-    }
-
-    /// SHA-256 compression, as [`Avx512::sha1`] with eight state words
-    /// (a..h).
-    pub(crate) fn sha256(self, states: &mut [[u32; LANES]; 8], data: [[&[u8]; 2]; LANES], blocks: usize) {
-        self.hash256(states, None, data, blocks);
-    }
-
-    /// HMAC-SHA-256, as [`Avx512::hmac_sha1`] with eight state words.
-    pub(crate) fn hmac_sha256(
-        self,
-        states: &mut [[u32; LANES]; 8],
-        outer: &[[u32; LANES]; 8],
-        data: [[&[u8]; 2]; LANES],
-        blocks: usize,
-    ) {
-        self.hash256(states, Some(outer), data, blocks);
-    }
-
-    fn hash1(
+    /// blocks and its padded final blocks). With `outer`, the lanes are
+    /// HMAC-SHA1 (RFC 2104) messages whose inner hash is those blocks from
+    /// the inner key states in `states`: the outer block is then hashed
+    /// from the outer key states in `outer`, and `states` ends with the
+    /// tags' words. Panics if a first piece is not whole blocks or a lane's
+    /// pieces hold fewer than `blocks` blocks.
+    pub(crate) fn sha1(
         self,
         states: &mut [[u32; LANES]; 5],
         outer: Option<&[[u32; LANES]; 5]>,
@@ -95,7 +63,9 @@ impl Avx512 {
         }
     }
 
-    fn hash256(
+    /// SHA-256 compression, or HMAC-SHA-256 with `outer`, as
+    /// [`Avx512::sha1`] with eight state words (a..h).
+    pub(crate) fn sha256(
         self,
         states: &mut [[u32; LANES]; 8],
         outer: Option<&[[u32; LANES]; 8]>,
@@ -104,7 +74,7 @@ impl Avx512 {
     ) {
         assert_pieces(&data, blocks);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `hash1`.
+        // SAFETY: as in `sha1`.
         unsafe {
             kernel256(states, outer, data, blocks)
         }

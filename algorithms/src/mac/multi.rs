@@ -521,9 +521,9 @@ fn run_x16_even(x16: Avx512, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8], b
             MacAlg::HmacSha1 => {
                 let st5: &mut [[u32; L]; 5] = st.first_chunk_mut().expect("8 > 5 rows");
                 let outer5: &[[u32; L]; 5] = outer.first_chunk().expect("8 > 5 rows");
-                x16.hmac_sha1(st5, outer5, data, blocks)
+                x16.sha1(st5, Some(outer5), data, blocks)
             }
-            MacAlg::HmacSha256 => x16.hmac_sha256(&mut st, &outer, data, blocks),
+            MacAlg::HmacSha256 => x16.sha256(&mut st, Some(&outer), data, blocks),
         }
     }
     for (l, &i) in idx.iter().enumerate() {
@@ -564,9 +564,9 @@ fn run_x16(x16: Avx512, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8]) {
             match alg {
                 MacAlg::HmacSha1 => {
                     let st5: &mut [[u32; L]; 5] = st.first_chunk_mut().expect("8 > 5 rows");
-                    x16.sha1(st5, data, m)
+                    x16.sha1(st5, None, data, m)
                 }
-                MacAlg::HmacSha256 => x16.sha256(&mut st, data, m),
+                MacAlg::HmacSha256 => x16.sha256(&mut st, None, data, m),
             }
         }
         for l in 0..L {
