@@ -25,6 +25,20 @@ struct Msg {
     data: Vec<u8>,
 }
 
+impl Msg {
+    /// A message of `alg` with `len` random bytes under a random key of 0
+    /// to 200 bytes (its length drawn first, then its bytes, then the
+    /// data's).
+    fn random(rng: &mut SplitMix64, alg: MacAlg, len: usize) -> Msg {
+        let key_len = below(rng, 201);
+        Msg {
+            alg,
+            key: bytes(rng, key_len),
+            data: bytes(rng, len),
+        }
+    }
+}
+
 /// Runs `msgs` as one batch on `engine` and checks every tag (and the
 /// zero bytes after it) against RustCrypto.
 fn check_batch(engine: ShaEngine, msgs: &[Msg], what: &str) {
@@ -216,12 +230,7 @@ fn every_length_around_the_padding_boundaries_on_every_engine() {
                     } else {
                         MacAlg::HmacSha256
                     };
-                    let key_len = below(&mut rng, 201);
-                    Msg {
-                        alg,
-                        key: bytes(&mut rng, key_len),
-                        data: bytes(&mut rng, len),
-                    }
+                    Msg::random(&mut rng, alg, len)
                 })
                 .collect();
             check_batch(engine, &msgs, "boundary");
@@ -255,12 +264,7 @@ fn batches_of_equal_block_counts_match_rustcrypto_on_every_engine() {
                                 (whole + 1) * 64 + below(&mut rng, 55)
                             };
                             let len = if odd && i == n / 2 { len + 128 } else { len };
-                            let key_len = below(&mut rng, 201);
-                            Msg {
-                                alg,
-                                key: bytes(&mut rng, key_len),
-                                data: bytes(&mut rng, len),
-                            }
+                            Msg::random(&mut rng, alg, len)
                         })
                         .collect();
                     check_batch(engine, &msgs, &format!("{n} of {whole} blocks, odd {odd}"));
@@ -292,12 +296,7 @@ fn random_batches_match_rustcrypto_on_every_engine() {
                         1..=3 => below(&mut rng, 130),
                         _ => below(&mut rng, 2049),
                     };
-                    let key_len = below(&mut rng, 201);
-                    Msg {
-                        alg,
-                        key: bytes(&mut rng, key_len),
-                        data: bytes(&mut rng, len),
-                    }
+                    Msg::random(&mut rng, alg, len)
                 })
                 .collect();
             check_batch(engine, &msgs, &format!("round {round}"));
