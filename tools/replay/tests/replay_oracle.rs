@@ -72,6 +72,9 @@ enum Fault {
     /// chain's head descriptor in the ring (in indirect mode the one that
     /// points at the table, which stays as it was).
     ClobberHeadOnce,
+    /// From the n-th request on, the device leaves the first 16 bytes of
+    /// dst as they were (and writes the rest and status OK).
+    KeepDstHeadFrom(u64),
 }
 
 /// Session id -> (cipher key, direction, HMAC-SHA1 key of a chained session).
@@ -332,6 +335,11 @@ fn serve_ring(
         }
         if fault == Fault::LinearDst {
             mem.write(dst, &data);
+        } else if matches!(fault, Fault::KeepDstHeadFrom(k) if n >= k) {
+            let mut old = [0u8; 16];
+            mem.read(dst, &mut old);
+            scatter(&mem, &wr, 0, &data);
+            mem.write(dst, &old);
         } else {
             scatter(&mem, &wr, 0, &data);
         }
@@ -848,4 +856,70 @@ fn raw_device_write_past_the_dst_descriptor_is_caught() {
 #[test]
 fn raw_device_write_past_the_status_byte_is_caught() {
     assert_raw_caught(Fault::WideStatus);
+}
+
+/// Runs `trace` (64-byte requests, 8 buffer sets) `repeat` times against
+/// the honest fake, which must pass, and against one that leaves the
+/// first 16 bytes of dst alone from request `from` on, which must not.
+fn dst_kept_is_caught(trace: &str, from: u64, repeat: u32) {
+    let r = run_with(trace, 64, DescMode::Indirect, &[Fault::None], repeat).expect("returned");
+    assert!(r.requests > 0 && r.mismatches == 0, "control: {r:?}");
+    let fault = Fault::KeepDstHeadFrom(from);
+    let r = run_with(trace, 64, DescMode::Indirect, &[fault], repeat).expect("returned");
+    assert!(
+        r.mismatches > 0 || r.error.is_some(),
+        "{fault:?}: the run passed: {} requests, 0 mismatches",
+        r.requests
+    );
+}
+
+#[test]
+fn dst_left_holding_the_same_requests_output_is_caught() {
+    // 8 requests on 8 buffer sets: each pass puts request i in set i
+    // again, whose dst still holds request i's output from the pass
+    // before. A device that does not write its first block is caught only
+    // by the canary the tool puts there first.
+    let trace = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
+{"op":"generate","session":"e","opcode":"encrypt","size":64,"count":8,"seed":9}
+"#;
+    dst_kept_is_caught(trace, 8, 3);
+}
+
+#[test]
+fn dst_left_holding_another_requests_equal_block_is_caught() {
+    // 16 requests with one key, IV and first plaintext block, so one
+    // first output block: requests 8..16 reuse the buffer sets of 0..8,
+    // whose dst already holds their first block. The device leaves it
+    // alone from request 8 on; only the canary catches that. (Expected
+    // outputs from OpenSSL.)
+    let key = [7u8; 16];
+    let iv = [9u8; 16];
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let mut trace = format!(
+        "{{\"op\":\"create_session\",\"name\":\"e\",\"algo\":\"aes-cbc\",\"key\":\"{}\",\"direction\":\"encrypt\"}}\n",
+        hex(&key)
+    );
+    for i in 0..16u8 {
+        let src: Vec<u8> = (0..64u8)
+            .map(|j| if j < 16 { 0x42 } else { j ^ i.wrapping_mul(29) })
+            .collect();
+        let mut c = openssl::symm::Crypter::new(
+            openssl::symm::Cipher::aes_128_cbc(),
+            openssl::symm::Mode::Encrypt,
+            &key,
+            Some(&iv),
+        )
+        .unwrap();
+        c.pad(false);
+        let mut dst = vec![0u8; 64 + 16];
+        let n = c.update(&src, &mut dst).unwrap();
+        assert_eq!(n, 64);
+        trace += &format!(
+            "{{\"op\":\"request\",\"session\":\"e\",\"opcode\":\"encrypt\",\"iv\":\"{}\",\"src\":\"{}\",\"expect\":{{\"status\":\"ok\",\"dst\":\"{}\"}}}}\n",
+            hex(&iv),
+            hex(&src),
+            hex(&dst[..64])
+        );
+    }
+    dst_kept_is_caught(&trace, 8, 1);
 }

@@ -84,6 +84,17 @@ const HAS_QUEUE: u8 = 8;
 /// [`Hot::flags`]: the request's [`header_key`] is the previous request's
 /// (in the run of requests), so are its header bytes.
 const SAME_HEADER: u8 = 16;
+/// [`Hot::flags`]: the request has [`HAS_DST`], and no other request of
+/// the run has the same block signature word at the same block index
+/// ([`mark_distinct`]): no 16-byte block of another request's expected
+/// output equals this one's at its place.
+const SIG_DISTINCT: u8 = 32;
+
+/// The most block signature words a run of requests may have for
+/// [`mark_distinct`] to look at it (64 MiB of expected output; the sort
+/// takes 16 bytes per word). A longer run marks no request distinct, and
+/// each submission compares the two signatures instead.
+const DISTINCT_MAX_WORDS: usize = 1 << 22;
 
 /// What the submit loop and the checks read of one trace request on the
 /// common path, 32 bytes in one array (the full [`Req`], 200 bytes with
@@ -137,6 +148,10 @@ impl Hot {
     pub(super) fn same_header(&self) -> bool {
         self.flags & SAME_HEADER != 0
     }
+
+    pub(super) fn sig_distinct(&self) -> bool {
+        self.flags & SIG_DISTINCT != 0
+    }
 }
 
 /// A run of requests ([`crate::trace::Step::Requests`]) laid out for replaying: per
@@ -178,6 +193,21 @@ impl Prepared<'_> {
     pub(super) fn sig(&self, h: &Hot) -> &[u32] {
         let at = h.sig as usize;
         &self.sigs[at..at + h.dst_len.div_ceil(16) as usize]
+    }
+
+    /// Whether no 16-byte block of the expected output of `h` can be in a
+    /// buffer known to hold `known` (a signature [`Prepared::sig`] gave)
+    /// at the same place: `known` is another request's signature of this
+    /// run, at least as long, and `h` is [`SIG_DISTINCT`]. Then no block
+    /// needs a canary, and the two signatures are not read
+    /// ([`super::check::canary_where_same`] compares them word by word:
+    /// 8 KiB per 16 KiB request).
+    #[inline(always)]
+    pub(super) fn differs_everywhere(&self, known: &[u32], h: &Hot) -> bool {
+        h.sig_distinct()
+            && known.len() >= h.dst_len.div_ceil(16) as usize
+            && self.sigs.as_ptr_range().contains(&known.as_ptr())
+            && known.as_ptr() != self.sig(h).as_ptr()
     }
 
     /// Request `i`'s chaining fields, read from its [`Req`] only when it
@@ -270,12 +300,45 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
         });
     }
     debug_assert_eq!((arena.len(), sigs.len()), (size, words));
+    mark_distinct(&mut hot, &sigs);
     Ok(Prepared {
         reqs,
         hot,
         arena,
         sigs,
     })
+}
+
+/// Sets [`SIG_DISTINCT`] on the requests with [`HAS_DST`] whose block
+/// signature shares no word at the same block index with another
+/// request's (`sigs`: the run's signature arena). Sorts (index, word)
+/// keys: 16 bytes and O(n log n) per word, once per run of requests; a run
+/// of over [`DISTINCT_MAX_WORDS`] words is left unmarked.
+fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
+    if sigs.len() > DISTINCT_MAX_WORDS {
+        return;
+    }
+    let mut keys: Vec<(u64, u32)> = Vec::with_capacity(sigs.len());
+    for (i, h) in hot.iter_mut().enumerate() {
+        if !h.has_dst() {
+            continue;
+        }
+        h.flags |= SIG_DISTINCT;
+        let at = h.sig as usize;
+        let words = &sigs[at..at + h.dst_len.div_ceil(16) as usize];
+        keys.extend(
+            words
+                .iter()
+                .enumerate()
+                .map(|(j, &w)| (((j as u64) << 32) | u64::from(w), i as u32)),
+        );
+    }
+    keys.sort_unstable();
+    for same in keys.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1) {
+        for &(_, i) in same {
+            hot[i as usize].flags &= !SIG_DISTINCT;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -351,5 +414,52 @@ mod tests {
         // (chained, 7 is not).
         let same: Vec<bool> = p.hot.iter().map(|h| h.same_header()).collect();
         assert_eq!(same, [false, true, false, false, false, false, true, false]);
+    }
+
+    #[test]
+    fn distinct_means_no_other_output_has_an_equal_block_at_its_place() {
+        let req = |line: usize, dst: Vec<u8>, status: ExpectStatus| Req {
+            line,
+            session: Some("s".into()),
+            session_id: None,
+            opcode: Dir::Encrypt,
+            iv: vec![0; 16],
+            src: vec![0; dst.len()],
+            queue: None,
+            status,
+            dst: Some(dst),
+            alg_chain: None,
+            in_place: false,
+        };
+        // Outputs of 16-byte blocks, each block filled with one byte.
+        let out = |blocks: &[u8]| blocks.iter().flat_map(|&b| [b; 16]).collect::<Vec<u8>>();
+        let reqs = [
+            // 1 and 2 share block 1 (0x22); 3 has 0x22 as its block 0,
+            // another place; 4 repeats 5's bytes but expects an error (its
+            // output is not compared); 6 is 5 with a block more.
+            req(1, out(&[0x11, 0x22]), ExpectStatus::Ok),
+            req(2, out(&[0x33, 0x22, 0x44]), ExpectStatus::Ok),
+            req(3, out(&[0x22, 0x55]), ExpectStatus::Ok),
+            req(4, out(&[0x66]), ExpectStatus::Err),
+            req(5, out(&[0x66]), ExpectStatus::Ok),
+            req(6, out(&[0x66, 0x77]), ExpectStatus::Ok),
+            // Equal in bytes 4..16 of block 0 only: the signature word
+            // (bytes 0..4) differs, so they are distinct.
+            req(7, [&[1u8, 0, 0, 0][..], &[9; 12]].concat(), ExpectStatus::Ok),
+            req(8, [&[2u8, 0, 0, 0][..], &[9; 12]].concat(), ExpectStatus::Ok),
+        ];
+        let p = prepare(&reqs).unwrap();
+        let distinct: Vec<bool> = p.hot.iter().map(|h| h.sig_distinct()).collect();
+        assert_eq!(distinct, [false, false, true, false, false, false, true, true]);
+        let h = &p.hot;
+        // Another request's signature: distinct 3 differs everywhere from
+        // 1's; 1 (not distinct) does not, nor 3 from itself, nor 3 from a
+        // shorter known output, nor from a signature of another run.
+        assert!(p.differs_everywhere(p.sig(&h[0]), &h[2]));
+        assert!(!p.differs_everywhere(p.sig(&h[2]), &h[0]));
+        assert!(!p.differs_everywhere(p.sig(&h[2]), &h[2]));
+        assert!(!p.differs_everywhere(&p.sig(&h[0])[..1], &h[2]));
+        let other = [0x1111_1111u32, 0x2222_2222];
+        assert!(!p.differs_everywhere(&other, &h[2]));
     }
 }
