@@ -318,17 +318,30 @@ unsafe fn kernel256(
                 $h = _mm512_add_epi32(t1, _mm512_add_epi32(s0, maj));
             };
         }
-        for i in 0..8 {
-            let t = i * 8;
-            round!(a, b, c, d, e, f, g, hh, t);
-            round!(hh, a, b, c, d, e, f, g, t + 1);
-            round!(g, hh, a, b, c, d, e, f, t + 2);
-            round!(f, g, hh, a, b, c, d, e, t + 3);
-            round!(e, f, g, hh, a, b, c, d, t + 4);
-            round!(d, e, f, g, hh, a, b, c, t + 5);
-            round!(c, d, e, f, g, hh, a, b, t + 6);
-            round!(b, c, d, e, f, g, hh, a, t + 7);
+        // Eight rounds from round `$t`, the variables renamed in turn.
+        // Written out for all 64 rounds, not looped over: LLVM does not
+        // unroll such a loop, and then indexes the schedule `w` at run
+        // time, in memory, with a branch per round for `t >= 16`.
+        macro_rules! eight {
+            ($t:literal) => {
+                round!(a, b, c, d, e, f, g, hh, $t);
+                round!(hh, a, b, c, d, e, f, g, $t + 1);
+                round!(g, hh, a, b, c, d, e, f, $t + 2);
+                round!(f, g, hh, a, b, c, d, e, $t + 3);
+                round!(e, f, g, hh, a, b, c, d, $t + 4);
+                round!(d, e, f, g, hh, a, b, c, $t + 5);
+                round!(c, d, e, f, g, hh, a, b, $t + 6);
+                round!(b, c, d, e, f, g, hh, a, $t + 7);
+            };
         }
+        eight!(0);
+        eight!(8);
+        eight!(16);
+        eight!(24);
+        eight!(32);
+        eight!(40);
+        eight!(48);
+        eight!(56);
         for (hk, x) in h.iter_mut().zip([a, b, c, d, e, f, g, hh]) {
             *hk = _mm512_add_epi32(*hk, x);
         }
