@@ -435,8 +435,8 @@ mod tests {
         let out = |blocks: &[u8]| blocks.iter().flat_map(|&b| [b; 16]).collect::<Vec<u8>>();
         let reqs = [
             // 1 and 2 share block 1 (0x22); 3 has 0x22 as its block 0,
-            // another place; 4 repeats 5's bytes but expects an error (its
-            // output is not compared); 6 is 5 with a block more.
+            // another place; 4 expects an error (its output is not
+            // compared, and it is not marked); 6 is 5 with a block more.
             req(1, out(&[0x11, 0x22]), ExpectStatus::Ok),
             req(2, out(&[0x33, 0x22, 0x44]), ExpectStatus::Ok),
             req(3, out(&[0x22, 0x55]), ExpectStatus::Ok),
