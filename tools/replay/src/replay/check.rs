@@ -161,7 +161,7 @@ impl<'a> Run<'a> {
         self.check_untouched(p, f, h, alg_chain, (q, b), mem, l, after_status_ok);
         self.dst_known[q][b] =
             (h.has_dst() && self.report.mismatches == before && status == 0 && !h.in_place())
-                .then(|| p.sig(h));
+                .then(|| known_sig(p.sig(h), h.dst_len as usize));
     }
 
     /// The device may write only the dst and hash result bytes and the
@@ -378,16 +378,31 @@ pub fn block_signature(out: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// Whether an output of `len` bytes ends in a block of 1 to 3 bytes,
+/// whose signature word is zero-padded ([`block_signature`]) and so does
+/// not tell whether the bytes there are equal.
+pub(super) fn short_last_block(len: usize) -> bool {
+    (1..4).contains(&(len % 16))
+}
+
+/// What a buffer is known to hold after an output of `len` bytes with
+/// signature `sig` was found in it: the words of the blocks that hold at
+/// least 4 of its bytes (a last block of 1 to 3 bytes counts as unknown,
+/// [`short_last_block`]).
+pub(super) fn known_sig(sig: &[u32], len: usize) -> &[u32] {
+    &sig[..sig.len() - usize::from(short_last_block(len))]
+}
+
 /// Puts the canary in every 16-byte block of the `want_len` bytes at `dst`
 /// (the last block may be shorter) that may already hold its bytes of the
 /// expected output (whose signature is `want_sig`), going by `known`, the
-/// signature of what the buffer is known to hold: the blocks whose
-/// signature words are equal, those past `known`'s end, or all of them
-/// when nothing is known. A backend that left such a block alone would
-/// look right; the other blocks differ from the expected output already
-/// and are not written (writing them would pull their lines over to this
-/// CPU just before the backend writes them). Only the two signatures are
-/// read, not the outputs.
+/// signature of what the buffer is known to hold ([`known_sig`]): the
+/// blocks whose signature words are equal, those past `known`'s end, a last
+/// block of 1 to 3 bytes, or all of them when nothing is known. A backend
+/// that left such a block alone would look right; the other blocks differ
+/// from the expected output already and are not written (writing them
+/// would pull their lines over to this CPU just before the backend writes
+/// them). Only the two signatures are read, not the outputs.
 pub(super) fn canary_where_same(
     mem: &crate::guest_mem::GuestMem,
     dst: u64,
@@ -406,11 +421,13 @@ pub(super) fn canary_where_same(
         .iter()
         .zip(want_sig)
         .fold(false, |acc, (k, w)| acc | (k == w));
-    if !any_equal && known.len() >= want_sig.len() {
+    let short = short_last_block(want_len);
+    if !any_equal && known.len() >= want_sig.len() && !short {
         return;
     }
+    let last = want_len.div_ceil(16).saturating_sub(1);
     for j in 0..want_len.div_ceil(16) {
-        if known.get(j).is_none_or(|k| want_sig.get(j) == Some(k)) {
+        if known.get(j).is_none_or(|k| want_sig.get(j) == Some(k)) || (short && j == last) {
             mem.fill(dst + 16 * j as u64, (want_len - 16 * j).min(16), DST_CANARY);
         }
     }
@@ -434,7 +451,7 @@ pub(super) fn digest_in_area(digest_in: &[u8], len: usize) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{block_signature, canary_where_same, DST_CANARY};
+    use super::{block_signature, canary_where_same, known_sig, DST_CANARY};
     use crate::guest_mem::GuestMem;
 
     #[test]
@@ -480,5 +497,34 @@ mod tests {
         other[19] ^= 1;
         assert_ne!(block_signature(&other)[1], want_sig[1]);
         assert_eq!(block_signature(&[9, 8]), vec![word([9, 8, 0, 0])]);
+    }
+
+    #[test]
+    fn a_last_block_of_under_4_bytes_counts_as_unknown() {
+        let mem = GuestMem::new(1 << 20).unwrap();
+        // The buffer holds a 32-byte output X; the expected output is 18
+        // bytes: its first block unlike X's, its last 2 bytes X's bytes 16
+        // and 17. The zero-padded word of those 2 bytes differs from X's
+        // word, yet a backend that left them alone would look right: they
+        // get the canary.
+        let x: Vec<u8> = (100..132).collect();
+        let mut want: Vec<u8> = (0..18).collect();
+        want[16..].copy_from_slice(&x[16..18]);
+        let (xs, ws) = (block_signature(&x), block_signature(&want));
+        assert_ne!(xs[1], ws[1]);
+        mem.write(0x100, &x);
+        canary_where_same(&mem, 0x100, Some(known_sig(&xs, x.len())), &ws, want.len());
+        let mut got = vec![0u8; 32];
+        mem.read(0x100, &mut got);
+        let mut expect = x.clone();
+        expect[16..18].fill(DST_CANARY);
+        assert_eq!(got, expect);
+        // A known output whose last block has under 4 bytes: that block is
+        // unknown (the buffer's bytes past the output are not in the word).
+        assert_eq!(known_sig(&[1, 2], 18), &[1]);
+        assert_eq!(known_sig(&[1, 2], 19), &[1]);
+        assert_eq!(known_sig(&[1, 2], 20), &[1, 2]);
+        assert_eq!(known_sig(&[1, 2], 32), &[1, 2]);
+        assert_eq!(known_sig(&[], 0), &[] as &[u32]);
     }
 }

@@ -86,8 +86,11 @@ const HAS_QUEUE: u8 = 8;
 const SAME_HEADER: u8 = 16;
 /// [`Hot::flags`]: the request has [`HAS_DST`], and no other request of
 /// the run has the same block signature word at the same block index
-/// ([`mark_distinct`]): no 16-byte block of another request's expected
-/// output equals this one's at its place.
+/// ([`mark_distinct`]): no block of another request's expected output
+/// equals this one's at its place, where both hold at least 4 bytes (the
+/// word of a last block of 1 to 3 bytes is zero-padded, so
+/// [`Prepared::differs_everywhere`] and the known signatures leave such
+/// blocks out).
 const SIG_DISTINCT: u8 = 32;
 
 /// The most block signature words a run of requests may have for
@@ -198,13 +201,16 @@ impl Prepared<'_> {
     /// Whether no 16-byte block of the expected output of `h` can be in a
     /// buffer known to hold `known` (a signature [`Prepared::sig`] gave)
     /// at the same place: `known` is another request's signature of this
-    /// run, at least as long, and `h` is [`SIG_DISTINCT`]. Then no block
+    /// run, at least as long, `h` is [`SIG_DISTINCT`], and its output does
+    /// not end in a block of 1 to 3 bytes (whose word is zero-padded,
+    /// [`super::check::short_last_block`]). Then no block
     /// needs a canary, and the two signatures are not read
     /// ([`super::check::canary_where_same`] compares them word by word:
     /// 8 KiB per 16 KiB request).
     #[inline(always)]
     pub(super) fn differs_everywhere(&self, known: &[u32], h: &Hot) -> bool {
         h.sig_distinct()
+            && !super::check::short_last_block(h.dst_len as usize)
             && known.len() >= h.dst_len.div_ceil(16) as usize
             && self.sigs.as_ptr_range().contains(&known.as_ptr())
             && known.as_ptr() != self.sig(h).as_ptr()
