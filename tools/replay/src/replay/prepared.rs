@@ -84,13 +84,12 @@ const HAS_QUEUE: u8 = 8;
 /// [`Hot::flags`]: the request's [`header_key`] is the previous request's
 /// (in the run of requests), so are its header bytes.
 const SAME_HEADER: u8 = 16;
-/// [`Hot::flags`]: the request has [`HAS_DST`], and no other request of
-/// the run has the same block signature word at the same block index
-/// ([`mark_distinct`]): no block of another request's expected output
-/// equals this one's at its place, where both hold at least 4 bytes (the
-/// word of a last block of 1 to 3 bytes is zero-padded, so
-/// [`Prepared::differs_everywhere`] and the known signatures leave such
-/// blocks out).
+/// [`Hot::flags`]: the request has [`HAS_DST`], its output does not end
+/// in a block of 1 to 3 bytes ([`super::check::short_last_block`]: such a
+/// block's word is zero-padded), and no other request of the run has the
+/// same block signature word at the same block index ([`mark_distinct`]):
+/// no block of another request's expected output that holds at least 4
+/// bytes equals this one's at its place.
 const SIG_DISTINCT: u8 = 32;
 
 /// The most block signature words a run of requests may have for
@@ -198,19 +197,25 @@ impl Prepared<'_> {
         &self.sigs[at..at + h.dst_len.div_ceil(16) as usize]
     }
 
+    /// What a buffer holds once request `h`'s output was found right in
+    /// it, for the canaries of the next request there: `h`'s signature
+    /// without a zero-padded last word ([`super::check::known_sig`]), or
+    /// `None` when the output is not compared or is written over src (in
+    /// place).
+    pub(super) fn known_after(&self, h: &Hot) -> Option<&[u32]> {
+        (h.has_dst() && !h.in_place()).then(|| super::check::known_sig(self.sig(h), h.dst_len as usize))
+    }
+
     /// Whether no 16-byte block of the expected output of `h` can be in a
-    /// buffer known to hold `known` (a signature [`Prepared::sig`] gave)
-    /// at the same place: `known` is another request's signature of this
-    /// run, at least as long, `h` is [`SIG_DISTINCT`], and its output does
-    /// not end in a block of 1 to 3 bytes (whose word is zero-padded,
-    /// [`super::check::short_last_block`]). Then no block
-    /// needs a canary, and the two signatures are not read
-    /// ([`super::check::canary_where_same`] compares them word by word:
-    /// 8 KiB per 16 KiB request).
+    /// buffer known to hold `known` ([`Prepared::known_after`] of a
+    /// request) at the same place: `known` is another request's of this
+    /// run, covers every block of `h`'s output, and `h` is
+    /// [`SIG_DISTINCT`]. Then no block needs a canary, and the two
+    /// signatures are not read ([`super::check::canary_where_same`]
+    /// compares them word by word: 8 KiB per 16 KiB request).
     #[inline(always)]
     pub(super) fn differs_everywhere(&self, known: &[u32], h: &Hot) -> bool {
         h.sig_distinct()
-            && !super::check::short_last_block(h.dst_len as usize)
             && known.len() >= h.dst_len.div_ceil(16) as usize
             && self.sigs.as_ptr_range().contains(&known.as_ptr())
             && known.as_ptr() != self.sig(h).as_ptr()
@@ -315,9 +320,10 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
     })
 }
 
-/// Sets [`SIG_DISTINCT`] on the requests with [`HAS_DST`] whose block
-/// signature shares no word at the same block index with another
-/// request's (`sigs`: the run's signature arena). Sorts (index, word)
+/// Sets [`SIG_DISTINCT`] on the requests with [`HAS_DST`], not ending in a
+/// block of 1 to 3 bytes, whose block signature shares no word at the
+/// same block index with another request's (`sigs`: the run's signature
+/// arena; the words of every output count). Sorts (index, word)
 /// keys: 16 bytes and O(n log n) per word, once per run of requests; a run
 /// of over [`DISTINCT_MAX_WORDS`] words is left unmarked.
 fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
@@ -329,7 +335,9 @@ fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
         if !h.has_dst() {
             continue;
         }
-        h.flags |= SIG_DISTINCT;
+        if !super::check::short_last_block(h.dst_len as usize) {
+            h.flags |= SIG_DISTINCT;
+        }
         let at = h.sig as usize;
         let words = &sigs[at..at + h.dst_len.div_ceil(16) as usize];
         keys.extend(
@@ -453,10 +461,18 @@ mod tests {
             // (bytes 0..4) differs, so they are distinct.
             req(7, [&[1u8, 0, 0, 0][..], &[9; 12]].concat(), ExpectStatus::Ok),
             req(8, [&[2u8, 0, 0, 0][..], &[9; 12]].concat(), ExpectStatus::Ok),
+            // Words unlike any other's, but a last block of 2 bytes: not
+            // distinct (its word is zero-padded).
+            req(9, [&out(&[0x88])[..], &[0x99, 0x99]].concat(), ExpectStatus::Ok),
+            // 20 bytes: a last block of 4 bytes, distinct.
+            req(10, [&out(&[0xaa])[..], &[0xbb; 4]].concat(), ExpectStatus::Ok),
         ];
         let p = prepare(&reqs).unwrap();
         let distinct: Vec<bool> = p.hot.iter().map(|h| h.sig_distinct()).collect();
-        assert_eq!(distinct, [false, false, true, false, false, false, true, true]);
+        assert_eq!(
+            distinct,
+            [false, false, true, false, false, false, true, true, false, true]
+        );
         let h = &p.hot;
         // Another request's signature: distinct 3 differs everywhere from
         // 1's; 1 (not distinct) does not, nor 3 from itself, nor 3 from a
@@ -467,5 +483,11 @@ mod tests {
         assert!(!p.differs_everywhere(&p.sig(&h[0])[..1], &h[2]));
         let other = [0x1111_1111u32, 0x2222_2222];
         assert!(!p.differs_everywhere(&other, &h[2]));
+        // What a buffer is known to hold after each: nothing for an output
+        // not compared; the 18-byte output's first word only.
+        assert_eq!(p.known_after(&h[0]), Some(p.sig(&h[0])));
+        assert_eq!(p.known_after(&h[3]), None);
+        assert_eq!(p.known_after(&h[8]), Some(&p.sig(&h[8])[..1]));
+        assert_eq!(p.known_after(&h[9]), Some(p.sig(&h[9])));
     }
 }

@@ -274,9 +274,9 @@ impl<'a> Run<'a> {
                     // the other blocks are left alone: writing them would
                     // pull their lines over to this CPU just before the
                     // backend writes them. When the buffer holds another
-                    // request's output and no block of this one's equals
-                    // another request's at its place, no block can hold its
-                    // expected bytes (`differs_everywhere`).
+                    // output of this run that covers every block of this
+                    // one, and this one is marked distinct, no block can
+                    // hold its expected bytes (`differs_everywhere`).
                     if !known.is_some_and(|k| p.differs_everywhere(k, h)) {
                         canary_where_same(mem, l.dst, known, p.sig(h), (h.dst_len as usize).min(n));
                     }
