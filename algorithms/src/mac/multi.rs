@@ -493,6 +493,27 @@ fn call<const N: usize>(
     st.zeroize();
 }
 
+/// The 16-lane AVX-512 kernel of `alg` on the state rows `st` (SHA-1
+/// uses the first five), with the HMAC outer block from the rows `outer`
+/// when given ([`Avx512::sha1`], [`Avx512::sha256`]).
+fn x16_compress(
+    x16: Avx512,
+    alg: MacAlg,
+    st: &mut [[u32; avx512_x16::LANES]; 8],
+    outer: Option<&[[u32; avx512_x16::LANES]; 8]>,
+    data: [[&[u8]; 2]; avx512_x16::LANES],
+    blocks: usize,
+) {
+    match alg {
+        MacAlg::HmacSha1 => {
+            let st5 = st.first_chunk_mut().expect("8 > 5 rows");
+            let outer5 = outer.map(|o| o.first_chunk().expect("8 > 5 rows"));
+            x16.sha1(st5, outer5, data, blocks)
+        }
+        MacAlg::HmacSha256 => x16.sha256(st, outer, data, blocks),
+    }
+}
+
 /// [`run`] with the 16-lane AVX-512 kernels for at most 16 jobs whose
 /// inner hashes take `blocks` blocks each: one kernel call hashes every
 /// lane's inner and outer blocks; the inner digests stay in registers.
@@ -520,14 +541,7 @@ fn run_x16_even(x16: Avx512, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8], b
             let whole = d.len() / BLOCK;
             [&d[..whole * BLOCK], &tails[l][..(blocks - whole) * BLOCK]]
         });
-        match alg {
-            MacAlg::HmacSha1 => {
-                let st5: &mut [[u32; L]; 5] = st.first_chunk_mut().expect("8 > 5 rows");
-                let outer5: &[[u32; L]; 5] = outer.first_chunk().expect("8 > 5 rows");
-                x16.sha1(st5, Some(outer5), data, blocks)
-            }
-            MacAlg::HmacSha256 => x16.sha256(&mut st, Some(&outer), data, blocks),
-        }
+        x16_compress(x16, alg, &mut st, Some(&outer), data, blocks);
     }
     for (l, &i) in idx.iter().enumerate() {
         let s: [u32; 8] = std::array::from_fn(|w| st[w][l]);
@@ -564,13 +578,7 @@ fn run_x16(x16: Avx512, alg: MacAlg, jobs: &mut [MacJob<'_>], idx: &[u8]) {
                 let s = if slots[l].live { &slots[l] } else { &slots[any] };
                 s.pieces(jobs)
             });
-            match alg {
-                MacAlg::HmacSha1 => {
-                    let st5: &mut [[u32; L]; 5] = st.first_chunk_mut().expect("8 > 5 rows");
-                    x16.sha1(st5, None, data, m)
-                }
-                MacAlg::HmacSha256 => x16.sha256(&mut st, None, data, m),
-            }
+            x16_compress(x16, alg, &mut st, None, data, m);
         }
         for l in 0..L {
             let slot = &mut slots[l];
