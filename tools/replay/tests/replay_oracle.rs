@@ -578,14 +578,26 @@ fn device_write_past_dst_of_a_48_byte_request_is_caught() {
 /// the honest fake, which must pass, and against one with `fault`, which
 /// must not; returns the faulty run's report.
 fn control_then_caught(trace: &str, max_payload: usize, fault: Fault) -> Report {
-    let r = run_with(trace, max_payload, DescMode::Indirect, &[Fault::None], 1).expect("returned");
+    control_then_caught_repeated(trace, max_payload, fault, 1, 200)
+}
+
+/// [`control_then_caught`] with the trace replayed `repeat` times, the
+/// honest run completing `requests` requests.
+fn control_then_caught_repeated(
+    trace: &str,
+    max_payload: usize,
+    fault: Fault,
+    repeat: u32,
+    requests: u64,
+) -> Report {
+    let r = run_with(trace, max_payload, DescMode::Indirect, &[Fault::None], repeat).expect("returned");
     assert_eq!(
         (r.requests, r.mismatches),
-        (200, 0),
+        (requests, 0),
         "control: {:?}",
         r.first_mismatches
     );
-    let r = run_with(trace, max_payload, DescMode::Indirect, &[fault], 1).expect("returned");
+    let r = run_with(trace, max_payload, DescMode::Indirect, &[fault], repeat).expect("returned");
     assert!(
         r.mismatches > 0 || r.error.is_some(),
         "{fault:?}: the run passed: {} requests, 0 mismatches",
@@ -859,19 +871,13 @@ fn raw_device_write_past_the_status_byte_is_caught() {
     assert_raw_caught(Fault::WideStatus);
 }
 
-/// Runs `trace` (64-byte requests, 8 buffer sets) `repeat` times against
-/// the honest fake, which must pass, and against one that leaves the
-/// first 16 bytes of dst alone from request `from` on, which must not.
-fn dst_kept_is_caught(trace: &str, from: u64, repeat: u32) {
-    let r = run_with(trace, 64, DescMode::Indirect, &[Fault::None], repeat).expect("returned");
-    assert!(r.requests > 0 && r.mismatches == 0, "control: {r:?}");
+/// Runs `trace` (`requests` requests of up to 64 bytes, 8 buffer sets)
+/// `repeat` times against the honest fake, which must pass, and against
+/// one that leaves the first 16 bytes of dst alone from request `from`
+/// on, which must not.
+fn dst_kept_is_caught(trace: &str, requests: u64, from: u64, repeat: u32) {
     let fault = Fault::KeepDstHeadFrom(from);
-    let r = run_with(trace, 64, DescMode::Indirect, &[fault], repeat).expect("returned");
-    assert!(
-        r.mismatches > 0 || r.error.is_some(),
-        "{fault:?}: the run passed: {} requests, 0 mismatches",
-        r.requests
-    );
+    control_then_caught_repeated(trace, 64, fault, repeat, requests * u64::from(repeat));
 }
 
 #[test]
@@ -883,7 +889,7 @@ fn dst_left_holding_the_same_requests_output_is_caught() {
     let trace = r#"{"op":"create_session","name":"e","algo":"aes-cbc","key":"000102030405060708090a0b0c0d0e0f","direction":"encrypt"}
 {"op":"generate","session":"e","opcode":"encrypt","size":64,"count":8,"seed":9}
 "#;
-    dst_kept_is_caught(trace, 8, 3);
+    dst_kept_is_caught(trace, 8, 8, 3);
 }
 
 #[test]
@@ -900,7 +906,7 @@ fn dst_left_holding_an_output_the_tool_stopped_tracking_is_caught() {
 {"op":"generate","session":"e","opcode":"encrypt","size":64,"count":8,"seed":9}
 {"op":"generate","session":"e","opcode":"encrypt","size":48,"count":8,"seed":10,"in_place":true}
 "#;
-    dst_kept_is_caught(trace, 16, 3);
+    dst_kept_is_caught(trace, 16, 16, 3);
 }
 
 #[test]
@@ -939,5 +945,5 @@ fn dst_left_holding_another_requests_equal_block_is_caught() {
             hex(&dst[..64])
         );
     }
-    dst_kept_is_caught(&trace, 8, 1);
+    dst_kept_is_caught(&trace, 16, 8, 1);
 }
