@@ -166,7 +166,7 @@ impl Hot {
 pub(super) struct Prepared<'t> {
     pub(super) reqs: &'t [Req],
     pub(super) hot: Vec<Hot>,
-    pub(super) arena: Vec<u8>,
+    pub(super) arena: Arena,
     pub(super) sigs: Vec<u32>,
 }
 
@@ -251,6 +251,60 @@ impl Prepared<'_> {
     }
 }
 
+/// The bytes of a run's requests ([`Prepared::arena`]), zero-filled: on
+/// the heap below [`HUGE_PAGE`] bytes, else in an anonymous mapping
+/// advised for transparent huge pages (madvise(2) `MADV_HUGEPAGE`). Each
+/// request streams its src and expected output from here, 32 KiB at
+/// 16 KiB, and on 4 KiB pages every 4 KiB of each stream is a TLB miss.
+/// (A smaller arena could not hold a huge page, and a mapping per run
+/// would let a trace of many short runs reach `vm.max_map_count`.)
+pub(super) enum Arena {
+    Heap(Vec<u8>),
+    Mapped(memmap2::MmapMut),
+}
+
+/// The size of a transparent huge page on x86-64 (a PMD entry), bytes.
+const HUGE_PAGE: usize = 2 << 20;
+
+impl Arena {
+    /// `size` zero bytes.
+    ///
+    /// # Errors
+    /// [`Error::Options`]: mapping `size` bytes failed.
+    fn zeroed(size: usize) -> Result<Self, Error> {
+        if size < HUGE_PAGE {
+            return Ok(Arena::Heap(vec![0; size]));
+        }
+        let map = memmap2::MmapMut::map_anon(size)
+            .map_err(|e| Error::Options(format!("cannot map {size} bytes for a run of requests: {e}")))?;
+        // A hint: it takes effect where
+        // `/sys/kernel/mm/transparent_hugepage/enabled` is `always` or
+        // `madvise`; with `never` the arena stays on small pages.
+        let _ = map.advise(memmap2::Advice::HugePage);
+        Ok(Arena::Mapped(map))
+    }
+}
+
+impl std::ops::Deref for Arena {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Arena::Heap(v) => v,
+            Arena::Mapped(m) => m,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Arena {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Arena::Heap(v) => v,
+            Arena::Mapped(m) => m,
+        }
+    }
+}
+
 /// Lays out `reqs` for replaying ([`Prepared`]).
 pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
     let too_big = || {
@@ -264,7 +318,6 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
     pub(super) fn expected(r: &Req) -> Option<&[u8]> {
         r.dst.as_deref().filter(|_| r.status == ExpectStatus::Ok)
     }
-    let pad = |v: &mut Vec<u8>| v.resize(v.len().next_multiple_of(16), 0);
     let (size, words) = reqs.iter().fold((0, 0), |(size, words), r| {
         let d = expected(r).map_or(0, <[u8]>::len);
         (
@@ -274,7 +327,8 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
             words + d.div_ceil(16),
         )
     });
-    let mut arena = Vec::with_capacity(size);
+    let mut arena = Arena::zeroed(size)?;
+    let mut filled = 0;
     let mut sigs = Vec::with_capacity(words);
     let mut hot = Vec::with_capacity(reqs.len());
     let mut prev = None;
@@ -284,9 +338,9 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
         let sig = fit(sigs.len())?;
         sigs.extend(block_signature(dst));
         let mut put = |bytes: &[u8]| {
-            let at = fit(arena.len() / 16);
-            arena.extend_from_slice(bytes);
-            pad(&mut arena);
+            let at = fit(filled / 16);
+            arena[filled..filled + bytes.len()].copy_from_slice(bytes);
+            filled += bytes.len().next_multiple_of(16);
             at
         };
         let (iv, src, dst_at) = (put(&r.iv)?, put(&r.src)?, put(dst)?);
@@ -310,7 +364,7 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
             status: r.status.byte(),
         });
     }
-    debug_assert_eq!((arena.len(), sigs.len()), (size, words));
+    debug_assert_eq!((filled, sigs.len()), (size, words));
     mark_distinct(&mut hot, &sigs);
     Ok(Prepared {
         reqs,
@@ -357,9 +411,29 @@ fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
 
 #[cfg(test)]
 mod tests {
-    use super::prepare;
+    use super::{prepare, Arena, HUGE_PAGE};
     use crate::replay::check::block_signature;
     use crate::trace::{AlgChainReq, Dir, ExpectStatus, Req};
+
+    #[test]
+    fn arenas_are_zero_filled_on_the_heap_below_a_huge_page_and_mapped_from_there() {
+        for (size, mapped) in [
+            (0, false),
+            (48, false),
+            (HUGE_PAGE - 16, false),
+            (HUGE_PAGE, true),
+            (3 * HUGE_PAGE + 16, true),
+        ] {
+            let mut a = Arena::zeroed(size).unwrap();
+            assert_eq!(matches!(a, Arena::Mapped(_)), mapped, "{size}");
+            assert_eq!(a.len(), size);
+            assert!(a.iter().all(|&b| b == 0), "{size}");
+            if size > 0 {
+                a[size - 1] = 0xA5;
+                assert_eq!(a[size - 1], 0xA5);
+            }
+        }
+    }
 
     #[test]
     fn prepared_runs_give_back_every_request_as_the_trace_has_it() {
