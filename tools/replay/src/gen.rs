@@ -28,7 +28,8 @@ pub enum GenOpcode {
     Encrypt,
     /// All requests decrypt.
     Decrypt,
-    /// Half encrypt, half decrypt: request i decrypts when i is odd.
+    /// Both directions for every key: request i decrypts when i /
+    /// sessions (rounded down) is odd.
     Mixed,
 }
 
@@ -60,7 +61,8 @@ const DIRECTIONS: [(Direction, &str); 2] = [(Direction::Encrypt, "encrypt"), (Di
 
 /// How many of the `count` requests go to each key and direction:
 /// request i uses key `i % sessions`, and for [`GenOpcode::Mixed`]
-/// decrypts when i is odd. Indexed `[key][0 encrypt, 1 decrypt]`.
+/// decrypts when `i / sessions` is odd, so that every key has requests
+/// in both directions. Indexed `[key][0 encrypt, 1 decrypt]`.
 fn shares(o: &GenOptions) -> Vec<[u64; 2]> {
     let keys = u64::from(o.sessions);
     let mut n = vec![[0u64; 2]; o.sessions as usize];
@@ -71,7 +73,7 @@ fn shares(o: &GenOptions) -> Vec<[u64; 2]> {
         let dir = match o.opcode {
             GenOpcode::Encrypt => 0,
             GenOpcode::Decrypt => 1,
-            GenOpcode::Mixed => (i % 2) as usize,
+            GenOpcode::Mixed => ((i / keys) % 2) as usize,
         };
         n[(i % keys) as usize][dir] += full + u64::from(i < rest);
     }
@@ -195,6 +197,26 @@ mod tests {
             );
             assert!(out.is_empty(), "--size {size}: nothing written");
         }
+    }
+
+    #[test]
+    fn mixed_requests_give_every_key_both_directions() {
+        let o = |sessions, count| GenOptions {
+            opcode: GenOpcode::Mixed,
+            size: 16,
+            count,
+            sessions,
+            key_bits: 128,
+            seed: 1,
+            expanded: false,
+        };
+        // Request i: key i % sessions, decrypt when i / sessions is odd.
+        // 4 keys, 10 requests: k0 E, k1 E, k2 E, k3 E, k0 D, k1 D, k2 D,
+        // k3 D, k0 E, k1 E.
+        assert_eq!(shares(&o(4, 10)), [[2, 1], [2, 1], [1, 1], [1, 1]]);
+        assert_eq!(shares(&o(2, 8)), [[2, 2], [2, 2]]);
+        assert_eq!(shares(&o(3, 6)), [[1, 1], [1, 1], [1, 1]]);
+        assert_eq!(shares(&o(1, 5)), [[3, 2]]);
     }
 
     #[test]

@@ -100,6 +100,7 @@ fn the_compact_and_expanded_traces_hold_the_same_requests() {
     let dir = tempfile::tempdir().unwrap();
     for (opcode, sessions, key_bits, size, count) in [
         ("mixed", "3", "192", "48", 41u64),
+        ("mixed", "4", "128", "32", 10),
         ("encrypt", "1", "128", "16", 5),
         ("decrypt", "2", "256", "1024", 9),
     ] {
@@ -132,8 +133,8 @@ fn the_compact_and_expanded_traces_hold_the_same_requests() {
         assert_eq!(keys_c, keys_e, "{opcode}: sessions");
         assert_eq!(reqs_c.len() as u64, count, "{opcode}");
         assert_eq!(reqs_e.len() as u64, count, "{opcode}");
-        // Request i uses key i % sessions, and with mixed decrypts when i
-        // is odd: how many requests each key and opcode gets.
+        // Request i uses key i % sessions, and with mixed decrypts when
+        // i / sessions is odd: how many requests each key and opcode gets.
         let n: u64 = sessions.parse().unwrap();
         // (Keyed by key number and whether the request encrypts.)
         let mut want: HashMap<(u64, bool), u64> = HashMap::new();
@@ -141,7 +142,7 @@ fn the_compact_and_expanded_traces_hold_the_same_requests() {
             let d = match opcode {
                 "encrypt" => Dir::Encrypt,
                 "decrypt" => Dir::Decrypt,
-                _ if i % 2 == 0 => Dir::Encrypt,
+                _ if (i / n).is_multiple_of(2) => Dir::Encrypt,
                 _ => Dir::Decrypt,
             };
             *want.entry((i % n, d == Dir::Encrypt)).or_default() += 1;
