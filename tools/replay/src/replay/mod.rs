@@ -24,6 +24,7 @@ use vhost_user_crypto::wire::virtio_crypto::OP_DATA_REQ_SIZE;
 
 pub use check::{block_signature, DST_CANARY, GUARD_LEN, SRC_CHECK_ALL, SRC_CHECK_EVERY, STATUS_CANARY};
 pub(crate) use check::{put_status_area, status_and_guard};
+pub(crate) use report::throughput_line;
 pub use report::{compare_outcomes, Comparison, Mismatch, Outcome, Report};
 pub use threads::replay_threads;
 

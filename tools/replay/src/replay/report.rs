@@ -141,6 +141,18 @@ pub fn compare_outcomes(a: &[Outcome], b: &[Outcome], max: usize) -> Comparison 
     }
 }
 
+/// The summaries' throughput line: the rates, then the bytes and the
+/// time they took, in ms when that rounds to under a second (a short
+/// run would read "0.000 s").
+pub(crate) fn throughput_line(ops_per_sec: f64, mib_per_sec: f64, bytes: u64, elapsed_s: f64) -> String {
+    let took = if elapsed_s < 0.999_999_5 {
+        format!("{:.3} ms", elapsed_s * 1e3)
+    } else {
+        format!("{elapsed_s:.3} s")
+    };
+    format!("throughput:  {ops_per_sec:.0} ops/s, {mib_per_sec:.2} MiB/s ({bytes} bytes in {took})\n")
+}
+
 impl Report {
     /// Human-readable summary.
     pub fn summary(&self) -> String {
@@ -154,10 +166,7 @@ impl Report {
         s += &format!("mismatches:  {}\n", self.mismatches);
         s += &format!("statuses:    {}\n", statuses.join(", "));
         s += &format!("sessions:    {} created\n", self.sessions_created);
-        s += &format!(
-            "throughput:  {:.0} ops/s, {:.2} MiB/s ({} bytes in {:.3} s)\n",
-            self.ops_per_sec, self.mib_per_sec, self.bytes, self.elapsed_s
-        );
+        s += &throughput_line(self.ops_per_sec, self.mib_per_sec, self.bytes, self.elapsed_s);
         s += &format!(
             "latency:     p50 {:.0} µs, p99 {:.0} µs\n",
             self.p50_us, self.p99_us
@@ -176,5 +185,34 @@ impl Report {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::throughput_line;
+
+    #[test]
+    fn the_throughput_line_gives_short_runs_in_ms() {
+        assert_eq!(
+            throughput_line(2_427_184.4, 592.6, 256_000, 0.000_412),
+            "throughput:  2427184 ops/s, 592.60 MiB/s (256000 bytes in 0.412 ms)\n"
+        );
+        // 256 requests of 4 KiB in 2.5 s.
+        assert_eq!(
+            throughput_line(102.4, 0.4, 1 << 20, 2.5),
+            "throughput:  102 ops/s, 0.40 MiB/s (1048576 bytes in 2.500 s)\n"
+        );
+        // Around a second: the unit follows the rounded figure.
+        let took = |s| {
+            throughput_line(1.0, 1.0, 1, s)
+                .split(" in ")
+                .nth(1)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(took(0.999_999_4), "999.999 ms)\n");
+        assert_eq!(took(0.999_999_6), "1.000 s)\n");
+        assert_eq!(took(1.0), "1.000 s)\n");
     }
 }

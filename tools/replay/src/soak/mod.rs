@@ -290,10 +290,7 @@ impl SoakReport {
         s += &format!("layouts:     {}\n", join(&self.layouts));
         s += &format!("key bits:    {}\n", bits.join(", "));
         s += &format!("per queue:   {:?}\n", self.per_queue);
-        s += &format!(
-            "throughput:  {:.0} ops/s, {:.2} MiB/s ({} bytes in {:.3} s)\n",
-            self.ops_per_sec, self.mib_per_sec, self.bytes, self.elapsed_s
-        );
+        s += &crate::replay::throughput_line(self.ops_per_sec, self.mib_per_sec, self.bytes, self.elapsed_s);
         if let Some(e) = &self.error {
             s += &format!("STOPPED:     {e}\n");
         }
