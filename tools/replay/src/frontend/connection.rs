@@ -350,6 +350,14 @@ fn vring_config(mem: &GuestMem, ring: SplitRing) -> VringConfigData {
     }
 }
 
+/// Shuts the connection down from this side: sets `shut_here` first, so
+/// that a thread whose read or wait then fails reports
+/// [`Error::ShutHere`], not the end of the stream as the backend's doing.
+fn shut_down(sock: &UnixStream, shut_here: &AtomicBool) {
+    shut_here.store(true, Ordering::SeqCst);
+    let _ = sock.shutdown(Shutdown::Both);
+}
+
 /// Maps a failed read of `what`'s reply on `sock`: the socket's read
 /// timeout ([`CONTROL_TIMEOUT`]) to [`Error::NoAnswer`], after shutting the
 /// socket down (a late reply must not be taken for the answer to the next
@@ -361,8 +369,7 @@ fn read_error<'a>(
 ) -> impl Fn(io::Error) -> Error + Copy + 'a {
     move |e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            shut_here.store(true, Ordering::SeqCst);
-            let _ = sock.shutdown(Shutdown::Both);
+            shut_down(sock, shut_here);
             Error::NoAnswer(what)
         }
         _ => Error::Io(e),
@@ -393,9 +400,8 @@ fn bounded<T>(
         std::thread::spawn(move || {
             if wait.recv_timeout(CONTROL_TIMEOUT) == Err(mpsc::RecvTimeoutError::Timeout) {
                 fired.store(true, Ordering::SeqCst);
-                shut_here.store(true, Ordering::SeqCst);
                 // The blocked read then sees the end of the stream.
-                let _ = watch.shutdown(Shutdown::Both);
+                shut_down(&watch, &shut_here);
             }
         })
     };
