@@ -565,6 +565,14 @@ fn warn_if_ignored<E>(
     }
 }
 
+/// Where [`run`] serves: a descriptor taken over at its start, or a
+/// path it binds later, after the stats socket (if any), so that a
+/// stats socket that fails leaves no socket file behind.
+enum ListenOn<'a> {
+    Inherited(Inherited),
+    Bind(&'a Path),
+}
+
 /// Runs the daemon: take SIGTERM and SIGINT ([`crate::signals`]), check
 /// the seccomp filter (unless off), bind or check the socket, then serve
 /// frontends one after another for ever; on a connected socket inherited
@@ -581,9 +589,9 @@ pub fn run(config: &Config) -> Result<(), Error> {
     // The inherited descriptor is taken before the daemon opens any of
     // its own, one of which could otherwise take that number when the
     // caller passed nothing there.
-    let inherited = match &config.listen {
-        Listen::Fd(fd) => Some(crate::listen::inherit(*fd)?),
-        Listen::Path(_) => None,
+    let listen = match &config.listen {
+        Listen::Fd(fd) => ListenOn::Inherited(crate::listen::inherit(*fd)?),
+        Listen::Path(path) => ListenOn::Bind(path),
     };
     // (Where `uptime_s` counts from.)
     let _ = crate::stats::daemon();
@@ -616,11 +624,9 @@ pub fn run(config: &Config) -> Result<(), Error> {
         }
         None => None,
     };
-    let listener = match (&config.listen, inherited) {
-        (Listen::Fd(_), Some(inherited)) => inherited,
-        // (Not met: the descriptor was inherited above.)
-        (Listen::Fd(fd), None) => crate::listen::inherit(*fd)?,
-        (Listen::Path(path), _) => {
+    let listener = match listen {
+        ListenOn::Inherited(inherited) => inherited,
+        ListenOn::Bind(path) => {
             let l = bind_listener(path)?;
             if let Err(e) = crate::signals::remove_on_exit(path) {
                 warn!("{} will not be removed at exit: {e}", path.display());
