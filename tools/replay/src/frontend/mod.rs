@@ -97,7 +97,8 @@ pub enum Error {
     /// A raw request of the trace cannot be laid out.
     #[error("raw request: {0}")]
     Raw(String),
-    /// The tool's own options do not fit together.
+    /// The tool's own options do not fit together, or a run of requests
+    /// of the trace is too large to lay out in memory.
     #[error("{0}")]
     Options(String),
     /// The backend stopped answering.

@@ -256,8 +256,9 @@ impl Prepared<'_> {
 /// advised for transparent huge pages (madvise(2) `MADV_HUGEPAGE`). Each
 /// request streams its src and expected output from here, 32 KiB at
 /// 16 KiB, and on 4 KiB pages every 4 KiB of each stream is a TLB miss.
-/// (A smaller arena could not hold a huge page, and a mapping per run
-/// would let a trace of many short runs reach `vm.max_map_count`.)
+/// (An arena below 2 MiB holds no huge page, nor may one below 4 MiB
+/// whose mapping is not 2 MiB-aligned; and a mapping per run would let a
+/// trace of many short runs reach `vm.max_map_count`.)
 pub(super) enum Arena {
     Heap(Vec<u8>),
     Mapped(memmap2::MmapMut),
@@ -327,6 +328,8 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
             words + d.div_ceil(16),
         )
     });
+    // (Checked before mapping: a run too large gets that error.)
+    fit(size / 16)?;
     let mut arena = Arena::zeroed(size)?;
     let mut filled = 0;
     let mut sigs = Vec::with_capacity(words);
@@ -424,15 +427,39 @@ mod tests {
             (HUGE_PAGE, true),
             (3 * HUGE_PAGE + 16, true),
         ] {
-            let mut a = Arena::zeroed(size).unwrap();
+            let a = Arena::zeroed(size).unwrap();
             assert_eq!(matches!(a, Arena::Mapped(_)), mapped, "{size}");
             assert_eq!(a.len(), size);
             assert!(a.iter().all(|&b| b == 0), "{size}");
-            if size > 0 {
-                a[size - 1] = 0xA5;
-                assert_eq!(a[size - 1], 0xA5);
+            // The advice is on the mapping (`hg` in its VmFlags, proc(5)),
+            // on a kernel with transparent huge pages.
+            if mapped && std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+                let flags = vm_flags(a.as_ptr() as usize).expect("the arena's mapping in /proc/self/smaps");
+                assert!(
+                    flags.split_whitespace().any(|f| f == "hg"),
+                    "{size}: VmFlags {flags}"
+                );
             }
         }
+    }
+
+    /// The `VmFlags` line of the mapping that holds `addr`
+    /// (/proc/self/smaps), if there is one.
+    fn vm_flags(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            // A mapping's first line starts with its range: "lo-hi perms ...".
+            let range = line.split_whitespace().next().and_then(|r| r.split_once('-'));
+            if let Some((Ok(lo), Ok(hi))) =
+                range.map(|(lo, hi)| (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)))
+            {
+                inside = (lo..hi).contains(&addr);
+            } else if let Some(flags) = line.strip_prefix("VmFlags:").filter(|_| inside) {
+                return Some(flags.trim().to_string());
+            }
+        }
+        None
     }
 
     #[test]
@@ -479,6 +506,21 @@ mod tests {
             expect_digest: None,
         });
         let p = prepare(&reqs).unwrap();
+        gives_back(&reqs, &p);
+        // The same header key as the previous request: 2 (as 1) and 7 (as
+        // 6: the queue and in_place are not in the header); not 8
+        // (chained, 7 is not).
+        let same: Vec<bool> = p.hot.iter().map(|h| h.same_header()).collect();
+        assert_eq!(same, [false, true, false, false, false, false, true, false]);
+        // Past 2 MiB of bytes the arena is a mapping: the same holds.
+        reqs.push(req(9, 16, (1 << 20) + 17, Some((1 << 20) + 17), ExpectStatus::Ok));
+        let p = prepare(&reqs).unwrap();
+        assert!(matches!(p.arena, Arena::Mapped(_)));
+        gives_back(&reqs, &p);
+    }
+
+    /// Checks that `p` gives back each request of `reqs` as it is.
+    fn gives_back(reqs: &[Req], p: &super::Prepared<'_>) {
         assert_eq!(p.hot.len(), reqs.len());
         for (i, (r, h)) in reqs.iter().zip(&p.hot).enumerate() {
             assert_eq!(p.iv(h), r.iv.as_slice(), "{i}");
@@ -497,11 +539,6 @@ mod tests {
             assert_eq!(h.queue(), r.queue, "{i}");
             assert_eq!(p.line(i as u32), r.line);
         }
-        // The same header key as the previous request: 2 (as 1) and 7 (as
-        // 6: the queue and in_place are not in the header); not 8
-        // (chained, 7 is not).
-        let same: Vec<bool> = p.hot.iter().map(|h| h.same_header()).collect();
-        assert_eq!(same, [false, true, false, false, false, false, true, false]);
     }
 
     #[test]
