@@ -62,7 +62,8 @@ const DIRECTIONS: [(Direction, &str); 2] = [(Direction::Encrypt, "encrypt"), (Di
 /// How many of the `count` requests go to each key and direction:
 /// request i uses key `i % sessions`, and for [`GenOpcode::Mixed`]
 /// decrypts when `i / sessions` is odd, so that every key has requests
-/// in both directions. Indexed `[key][0 encrypt, 1 decrypt]`.
+/// in both directions once `count >= 2 * sessions`. Indexed `[key][0
+/// encrypt, 1 decrypt]`.
 fn shares(o: &GenOptions) -> Vec<[u64; 2]> {
     let keys = u64::from(o.sessions);
     let mut n = vec![[0u64; 2]; o.sessions as usize];
