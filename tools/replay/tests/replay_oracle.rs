@@ -21,7 +21,7 @@ use vhost_crypto_replay::frontend::{CryptoFrontend, DescMode, FrontendConfig};
 use vhost_crypto_replay::guest_mem::GuestMem;
 use vhost_crypto_replay::replay::{replay, ReplayOptions, Report};
 use vhost_crypto_replay::soak::{soak, Layouts, SoakOptions, SoakReport};
-use vhost_crypto_replay::trace::Trace;
+use vhost_crypto_replay::trace::{hex, Trace};
 use vhost_user_crypto::wire::session::{create_reply, decode_create, SessionAbi};
 use vhost_user_crypto::wire::virtio_crypto::{
     AlgChainPara, OpDataReq, VIRTIO_CRYPTO_MAC_HMAC_SHA1, VIRTIO_CRYPTO_SYM_OP_ALGORITHM_CHAINING,
@@ -918,7 +918,6 @@ fn dst_left_holding_another_requests_equal_block_is_caught() {
     // outputs from OpenSSL.)
     let key = [7u8; 16];
     let iv = [9u8; 16];
-    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
     let mut trace = format!(
         "{{\"op\":\"create_session\",\"name\":\"e\",\"algo\":\"aes-cbc\",\"key\":\"{}\",\"direction\":\"encrypt\"}}\n",
         hex(&key)

@@ -427,9 +427,9 @@ pub(super) fn canary_where_same(
     if !any_equal && known.len() >= want_sig.len() && !short {
         return;
     }
-    let last = want_len.div_ceil(16).saturating_sub(1);
-    for j in 0..want_len.div_ceil(16) {
-        if known.get(j).is_none_or(|k| want_sig.get(j) == Some(k)) || (short && j == last) {
+    let blocks = want_len.div_ceil(16);
+    for j in 0..blocks {
+        if known.get(j).is_none_or(|k| want_sig.get(j) == Some(k)) || (short && j + 1 == blocks) {
             mem.fill(dst + 16 * j as u64, (want_len - 16 * j).min(16), DST_CANARY);
         }
     }

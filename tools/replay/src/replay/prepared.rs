@@ -154,6 +154,14 @@ impl Hot {
     pub(super) fn sig_distinct(&self) -> bool {
         self.flags & SIG_DISTINCT != 0
     }
+
+    /// This request's block signature in `sigs`, its run's signature
+    /// arena (one word per 16-byte block of the expected output).
+    #[inline(always)]
+    fn sig_in<'s>(&self, sigs: &'s [u32]) -> &'s [u32] {
+        let at = self.sig as usize;
+        &sigs[at..at + self.dst_len.div_ceil(16) as usize]
+    }
 }
 
 /// A run of requests ([`crate::trace::Step::Requests`]) laid out for replaying: per
@@ -193,8 +201,7 @@ impl Prepared<'_> {
     /// The expected output's block signature (empty without [`HAS_DST`]).
     #[inline(always)]
     pub(super) fn sig(&self, h: &Hot) -> &[u32] {
-        let at = h.sig as usize;
-        &self.sigs[at..at + h.dst_len.div_ceil(16) as usize]
+        h.sig_in(&self.sigs)
     }
 
     /// What a buffer holds once request `h`'s output was found right in
@@ -395,10 +402,8 @@ fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
         if !super::check::short_last_block(h.dst_len as usize) {
             h.flags |= SIG_DISTINCT;
         }
-        let at = h.sig as usize;
-        let words = &sigs[at..at + h.dst_len.div_ceil(16) as usize];
         keys.extend(
-            words
+            h.sig_in(sigs)
                 .iter()
                 .enumerate()
                 .map(|(j, &w)| (((j as u64) << 32) | u64::from(w), i as u32)),
