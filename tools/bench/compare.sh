@@ -42,13 +42,17 @@
 #
 # vCPU placement: on a VM the host decides where the two vCPUs run, and the
 # time a cache line takes between them moves every backend's throughput by
-# up to 2x. On this project's VM the round trip is 80-115 ns about 88 % of
-# the time ("near"), 380-480 ns about 8 % ("far") and 20-55 ns about 1 %
-# ("close"), changing every few seconds; ours runs at about 2/3 and DPDK at
-# about 1/2 of their near speed in the far one (docs/PERFORMANCE.md). Before
-# and after each replay run the backend is stopped (SIGSTOP) for 5-25
-# milliseconds while target/release/vuc-xcpu-rtt measures that round trip
-# between the two CPUs; both values go into the run's record (xcpu_rtt_ns).
+# up to 2x. On the AMD EPYC VM of docs/PERFORMANCE.md the round trip is
+# 80-115 ns about 88 % of the time ("near"), 380-480 ns about 8 % ("far")
+# and 20-55 ns about 1 % ("close"), changing every few seconds; ours runs
+# at about 2/3 and DPDK at about 1/2 of their near speed in the far one.
+# On the Intel VM of the runs in docs/bench it is far (>= 200 ns) in
+# nearly every run ("Run-to-run spread" there), so those runs used
+# --placement any: --placement near would wait, rerun and still keep far
+# runs. Before and after each replay run the backend is stopped (SIGSTOP)
+# for 5-25 milliseconds while target/release/vuc-xcpu-rtt measures that
+# round trip between the two CPUs; both values go into the run's record
+# (xcpu_rtt_ns).
 # With --placement near (the default) a run waits up to 20 s for a near
 # round trip (60 to 200 ns) before it starts, and a run with either value
 # outside that window is made again, up to 3 times in all (the last one is

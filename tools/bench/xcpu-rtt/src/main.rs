@@ -5,10 +5,12 @@
 //!
 //! `tools/bench/compare.sh` runs it before and after every replay run,
 //! with the backend stopped, to record where the host has placed the
-//! frontend's and the backend's vCPUs: on this project's 2-vCPU VM the
-//! round trip is 80–115 ns most of the time and 380–480 ns or 20–55 ns in
-//! some seconds, and every backend's throughput follows it
-//! (docs/PERFORMANCE.md, "Run-to-run spread").
+//! frontend's and the backend's vCPUs. On the 2-vCPU AMD EPYC VM of
+//! docs/PERFORMANCE.md the round trip is 80–115 ns most of the time and
+//! 380–480 ns or 20–55 ns in some seconds; on the Intel VM of the compare
+//! runs in docs/bench it is 200 ns or more in nearly every run. Every
+//! backend's throughput follows it (docs/PERFORMANCE.md, "Run-to-run
+//! spread").
 //!
 //! Exit status 2 on bad arguments or when a thread cannot be pinned.
 
