@@ -47,16 +47,21 @@
 # and 20-55 ns about 1 % ("close"), changing every few seconds; ours runs
 # at about 2/3 and DPDK at about 1/2 of their near speed in the far one.
 # On the Intel VM of the runs in docs/bench it is far (>= 200 ns) in
-# nearly every run ("Run-to-run spread" there), so those runs used
-# --placement any: --placement near would wait, rerun and still keep far
-# runs. Before and after each replay run the backend is stopped (SIGSTOP)
-# for 5-25 milliseconds while target/release/vuc-xcpu-rtt measures that
-# round trip between the two CPUs; both values go into the run's record
-# (xcpu_rtt_ns).
+# nearly every run ("Run-to-run spread" there); those runs used
+# --placement any. Before and after each replay run the backend is
+# stopped (SIGSTOP) for 5-25 milliseconds while
+# target/release/vuc-xcpu-rtt measures that round trip between the two
+# CPUs; both values go into the run's record (xcpu_rtt_ns).
 # With --placement near (the default) a run waits up to 20 s for a near
 # round trip (60 to 200 ns) before it starts, and a run with either value
 # outside that window is made again, up to 3 times in all (the last one is
 # kept whatever it measured); ours and DPDK are treated the same way.
+# Once a wait has run its full 20 s without a near probe, the host is
+# taken to keep the vCPUs apart: that run and the rest of the comparison
+# go as with --placement any (no waits, no reruns), and compare.json
+# records the rep and cell where this happened (placement_gave_up; null
+# when it did not). The runs before it were waited for and those after
+# were not, so for an even comparison rerun with --placement any.
 # --placement any runs once, as it comes, and only records.
 #
 # Usage: tools/bench/compare.sh [--quick] [--reps R] [--out DIR] [--no-dpdk] [--no-build]
@@ -137,6 +142,7 @@ NEAR_MIN_NS=60      # near placement: NEAR_MIN_NS <= cache-line round trip < FAR
 FAR_NS=200
 PLACEMENT_WAIT=20   # seconds a run waits for a near placement (--placement near)
 PLACEMENT_TRIES=3   # runs of a cell at most, until one is near from start to end
+NEAR_GAVE_UP=""     # the rep and cell at which --placement near gave up
 DAEMON=$ROOT/target/release/vhost-user-crypto
 DPDK_SH=$ROOT/tools/bench/dpdk-vhost-crypto.sh
 CLK_TCK=$(getconf CLK_TCK)
@@ -242,8 +248,9 @@ probe() { # backend_pid
     echo "$v"
 }
 is_near() { [ "$1" != null ] && awk -v v="$1" -v lo="$NEAR_MIN_NS" -v f="$FAR_NS" 'BEGIN{exit !(v + 0 >= lo && v + 0 < f)}'; }
-# With --placement near: a measured round trip outside the near window.
-not_near_yet() { [ "$PLACEMENT" = near ] && [ "$1" != null ] && ! is_near "$1"; }
+# With --placement near, until it gave up: a measured round trip outside
+# the near window.
+not_near_yet() { [ "$PLACEMENT" = near ] && [ -z "$NEAR_GAVE_UP" ] && [ "$1" != null ] && ! is_near "$1"; }
 
 # One replay run: system size depth sock backend_pid [extra replay args]
 # Appends one JSON object to $TMP/results.jsonl.
@@ -269,10 +276,11 @@ replay_run() {
             waited=$((waited + 1))
             before=$(probe "$pid")
         done
-        if not_near_yet "$before" && [ "$attempt" -lt "$PLACEMENT_TRIES" ]; then
-            # A run now would be made again anyway.
-            log "$sys size $size depth $depth: no near vCPU placement in ${PLACEMENT_WAIT} s (round trip $before ns)"
-            continue
+        if not_near_yet "$before"; then
+            # A whole wait without a near probe: this host keeps the two
+            # vCPUs apart, it seems; waiting more would only add time.
+            NEAR_GAVE_UP="rep $r: $sys size $size depth $depth"
+            log "$NEAR_GAVE_UP: no near vCPU placement in ${PLACEMENT_WAIT} s (round trip $before ns): this and the remaining runs go as they come, as with --placement any"
         fi
         rc=0
         t0=$(cpu_ticks "$pid")
@@ -280,7 +288,7 @@ replay_run() {
             --queue-depth "$depth" --repeat "$repeat" "$@" "$trace" >"$out" 2>"$err" || rc=$?
         t1=$(cpu_ticks "$pid")
         after=$(probe "$pid")
-        if [ "$PLACEMENT" = any ] || [ "$rc" != 0 ] || [ "$before" = null ] || [ "$after" = null ] ||
+        if [ "$PLACEMENT" = any ] || [ -n "$NEAR_GAVE_UP" ] || [ "$rc" != 0 ] || [ "$before" = null ] || [ "$after" = null ] ||
             [ "$attempt" -ge "$PLACEMENT_TRIES" ] || { is_near "$before" && is_near "$after"; }; then
             break
         fi
@@ -460,9 +468,9 @@ python3 "$ROOT/tools/bench/compare_report.py" \
         --arg engines "${ENGINES:-unknown}" \
         --arg flags "$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'aes|vaes|vpclmulqdq|avx2|avx512f|avx512bw|avx512vl|sha_ni' | paste -sd' ' -)" \
         --argjson secs "$((END - START))" --arg date "$(date -u +%FT%TZ)" \
-        --arg placement "$PLACEMENT" --argjson near "$NEAR_MIN_NS" --argjson far "$FAR_NS" --argjson wait "$PLACEMENT_WAIT" --argjson tries "$PLACEMENT_TRIES" \
+        --arg placement "$PLACEMENT" --arg gaveup "$NEAR_GAVE_UP" --argjson near "$NEAR_MIN_NS" --argjson far "$FAR_NS" --argjson wait "$PLACEMENT_WAIT" --argjson tries "$PLACEMENT_TRIES" \
         --arg cells "$CELLS" \
-        --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,cells:$cells,placement:$placement,near_min_rtt_ns:$near,far_rtt_ns:$far,placement_wait_s:$wait,placement_tries:$tries,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
+        --argjson reps "$REPS" '{quick:($q=="1"),reps:$reps,cells:$cells,placement:$placement,placement_gave_up:(if $gaveup == "" then null else $gaveup end),near_min_rtt_ns:$near,far_rtt_ns:$far,placement_wait_s:$wait,placement_tries:$tries,load_before:$lb,load_after:$la,commit:$commit,dirty_files:($dirty|tonumber),
           host:$host,cpu:$cpu,ipsec_mb:$ipsecmb,engines:$engines,cpu_flags:$flags,wall_s:$secs,date:$date,
           ours:"taskset -c 1 vhost-user-crypto --socket-path SOCK; taskset -c 0 vhost-crypto-replay --socket SOCK --json --queue-size 1024 --queue-depth D --repeat K TRACE",
           dpdk:"tools/bench/dpdk-vhost-crypto.sh run SOCK (CPU 1); taskset -c 0 vhost-crypto-replay --socket SOCK --dpdk --json --queue-size 1024 --queue-depth D --repeat K TRACE",

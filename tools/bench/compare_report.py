@@ -293,7 +293,9 @@ def placement_summary(rows, meta):
             0,
             f"vCPU placement (cache-line round trip CPU 0 <-> CPU 1 before/after each run;"
             f" close < {near_min} ns <= near < {far} ns <= far;"
-            f" --placement {meta.get('placement', 'n/a')}):",
+            f" --placement {meta.get('placement', 'n/a')}"
+            + (f", given up at {meta['placement_gave_up']}: a whole wait without a near round trip" if meta.get("placement_gave_up") else "")
+            + "):",
         )
     return out
 
