@@ -75,8 +75,8 @@ pub struct DriverQueue {
     /// rewritten for a new shape, for [`DriverQueue::check_descs`].
     pub(super) desc_fault: Option<String>,
     pub(super) desc_mode: DescMode,
-    pub(super) max_payload: usize,
-    pub(super) max_iv: usize,
+    /// [`set_offsets`] for this queue's largest payload and IV.
+    pub(super) offsets: SlotLayout,
 }
 
 /// Where a request's buffers live in guest memory.
@@ -124,15 +124,40 @@ fn align(v: u64, a: u64) -> u64 {
 /// a cache line.
 const SRC_OFFSET: u64 = 72u64.next_multiple_of(SLOT_ALIGN as u64);
 
+/// The layout of a buffer set that starts at guest address 0, for
+/// payloads of up to `max_payload` bytes and IVs of up to `max_iv`: each
+/// buffer's offset in the set.
+fn set_offsets(max_payload: usize, max_iv: usize) -> SlotLayout {
+    let p = max_payload.next_multiple_of(SLOT_ALIGN) as u64;
+    // Header | src | dst | IV + status | indirect table | hash result.
+    // The header (unchanged while the slot keeps its session and shape),
+    // src and dst each start a cache line, as a driver's buffers usually
+    // do: a 256-byte payload is 4 lines, not 5, and no line holds bytes
+    // the driver writes for a request next to bytes the device writes
+    // (src end and dst start). The IV and the status byte share one line,
+    // the only one besides src and dst that both sides touch for every
+    // request (driver: IV and status canary; device: reads the IV, writes
+    // the status). The table has its own line: it changes only when the
+    // slot changes shape.
+    let src = SRC_OFFSET;
+    let dst = src + p;
+    let iv = dst + p;
+    let status = iv + max_iv as u64;
+    let table = align(status + 1, SLOT_ALIGN as u64);
+    SlotLayout {
+        hdr: 0,
+        iv,
+        src,
+        dst,
+        status,
+        table,
+        digest: table + 16 * MAX_RAW_DESCS as u64,
+    }
+}
+
 fn slot_size(max_payload: usize, max_iv: usize) -> usize {
-    // Header | src | dst | IV + status | indirect table | hash result, each
-    // from a cache-line boundary (see `DriverQueue::layout`).
-    let p = max_payload.next_multiple_of(SLOT_ALIGN);
-    SRC_OFFSET as usize
-        + 2 * p
-        + (max_iv + 1).next_multiple_of(SLOT_ALIGN)
-        + 16 * MAX_RAW_DESCS
-        + DIGEST_AREA.next_multiple_of(SLOT_ALIGN)
+    let end = set_offsets(max_payload, max_iv).digest + DIGEST_AREA.next_multiple_of(SLOT_ALIGN) as u64;
+    end as usize
 }
 
 /// A request's descriptor shape: (IV bytes, src = dst bytes, hash result
@@ -202,8 +227,7 @@ impl DriverQueue {
             head_shape: vec![None; usize::from(nslots)],
             desc_fault: None,
             desc_mode: cfg.desc_mode,
-            max_payload: cfg.max_payload,
-            max_iv: cfg.max_iv,
+            offsets: set_offsets(cfg.max_payload, cfg.max_iv),
         })
     }
 
@@ -242,30 +266,18 @@ impl DriverQueue {
     /// Guest addresses of buffer set `b`'s buffers (`layout(slot)` is
     /// `set_layout(buf(slot))`; for a caller that needs both).
     pub fn set_layout(&self, b: usize) -> SlotLayout {
+        // (The sets start at cache-line boundaries: `slots_base` is
+        // aligned, and every part of a set is whole lines.)
         let base = self.slots_base + b as u64 * self.slot_size as u64;
-        let p = (self.max_payload as u64).next_multiple_of(SLOT_ALIGN as u64);
-        // The header (unchanged while the slot keeps its session and
-        // shape), src and dst each start a cache line, as a driver's buffers
-        // usually do: a 256-byte payload is 4 lines, not 5, and no line
-        // holds bytes the driver writes for a request next to bytes the
-        // device writes (src end and dst start). The IV and the status byte
-        // share one line, the only one besides src and dst that both sides
-        // touch for every request (driver: IV and status canary; device:
-        // reads the IV, writes the status). The table has its own line: it
-        // changes only when the slot changes shape.
-        let src = base + SRC_OFFSET;
-        let dst = src + p;
-        let iv = dst + p;
-        let status = iv + self.max_iv as u64;
-        let table = align(status + 1, SLOT_ALIGN as u64);
+        let o = self.offsets;
         SlotLayout {
             hdr: base,
-            iv,
-            src,
-            dst,
-            status,
-            table,
-            digest: table + 16 * MAX_RAW_DESCS as u64,
+            iv: base + o.iv,
+            src: base + o.src,
+            dst: base + o.dst,
+            status: base + o.status,
+            table: base + o.table,
+            digest: base + o.digest,
         }
     }
 
