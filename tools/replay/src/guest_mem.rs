@@ -295,6 +295,14 @@ pub fn prefetch(bytes: &[u8]) {
     }
 }
 
+/// Starts taking the cache lines of `bytes` for writing (at most
+/// [`PREFETCH_MAX`] bytes; `PREFETCHW`, a hint that never faults).
+pub fn prefetch_for_write(bytes: &[u8]) {
+    for line in line_starts(bytes.as_ptr() as usize, bytes.len()) {
+        prefetch_write(line as *const u8);
+    }
+}
+
 /// The start address of every 64-byte cache line that the first
 /// `min(len, PREFETCH_MAX)` bytes at address `p` touch (none when `len` is
 /// 0), counted from `p`'s own line, so an unaligned buffer gets its last

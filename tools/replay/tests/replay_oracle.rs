@@ -41,6 +41,10 @@ enum Fault {
     ClobberSrcFrom(u64),
     /// The device writes 16 bytes past the end of the dst descriptor.
     OverrunDst,
+    /// The same, from the n-th request on, and only where dst lies before
+    /// src (the second of the tool's alternating placements), so that the
+    /// bytes it writes are src's first.
+    OverrunDstBeforeSrcFrom(u64),
     /// A chained request's whole MAC output goes into the hash result
     /// buffer, past hash_result_len.
     DigestOverrun,
@@ -68,6 +72,8 @@ enum Fault {
     ClobberDescs,
     /// The same, after the first request only.
     ClobberDescsOnce,
+    /// The same, after each request from the n-th on.
+    ClobberDescsFrom(u64),
     /// After the first request only, the device clears the flags of the
     /// chain's head descriptor in the ring (in indirect mode the one that
     /// points at the table, which stays as it was).
@@ -350,10 +356,14 @@ fn serve_ring(
             Fault::ClobberSrc => mem.fill(rd.last().unwrap().0, len, 0),
             Fault::ClobberSrcFrom(k) if n >= k => mem.fill(rd.last().unwrap().0, len, 0),
             Fault::OverrunDst => mem.fill(dst + len as u64, 16, 0xEE),
+            Fault::OverrunDstBeforeSrcFrom(k) if n >= k && dst < rd.last().unwrap().0 => {
+                mem.fill(dst + len as u64, 16, 0xEE)
+            }
             Fault::ClobberHeader => scatter(&mem, &rd, 0, &[0; 72]),
             Fault::WideStatus => mem.write(status + slen as u64 - 1, &0u32.to_le_bytes()),
             Fault::ClobberDescs => mem.write(last_desc + 12, &[0, 0]),
             Fault::ClobberDescsOnce if n == 0 => mem.write(last_desc + 12, &[0, 0]),
+            Fault::ClobberDescsFrom(k) if n >= k => mem.write(last_desc + 12, &[0, 0]),
             Fault::ClobberHeadOnce if n == 0 => mem.write(desc + 16 * u64::from(head) + 12, &[0, 0]),
             _ => {}
         }
@@ -945,4 +955,97 @@ fn dst_left_holding_another_requests_equal_block_is_caught() {
         );
     }
     dst_kept_is_caught(&trace, 16, 8, 1);
+}
+
+/// 16 AES-128-CBC encryptions of 1 KiB (long enough to alternate between
+/// their buffer set's data buffers) with one key and IV, expected outputs
+/// from OpenSSL: request i + 8 has the 8 buffer sets of request i, in
+/// the other placement, so its dst is request i's src buffer. With
+/// `src_echoes`, the first block of request i's src is request i + 8's
+/// first output block.
+fn alternating_trace(src_echoes: bool) -> String {
+    let (key, iv) = ([7u8; 16], [9u8; 16]);
+    let encrypt = |src: &[u8]| {
+        let mut c = openssl::symm::Crypter::new(
+            openssl::symm::Cipher::aes_128_cbc(),
+            openssl::symm::Mode::Encrypt,
+            &key,
+            Some(&iv),
+        )
+        .unwrap();
+        c.pad(false);
+        let mut out = vec![0u8; src.len() + 16];
+        assert_eq!(c.update(src, &mut out).unwrap(), src.len());
+        out.truncate(src.len());
+        out
+    };
+    let mut srcs: Vec<Vec<u8>> = (0..16u32)
+        .map(|i| (0..1024u32).map(|j| (j * 7 + i * 131 + j / 251) as u8).collect())
+        .collect();
+    if src_echoes {
+        for i in 0..8 {
+            let first = encrypt(&srcs[i + 8])[..16].to_vec();
+            srcs[i][..16].copy_from_slice(&first);
+        }
+    }
+    let mut trace = format!(
+        "{{\"op\":\"create_session\",\"name\":\"e\",\"algo\":\"aes-cbc\",\"key\":\"{}\",\"direction\":\"encrypt\"}}\n",
+        hex(&key)
+    );
+    for src in &srcs {
+        trace += &format!(
+            "{{\"op\":\"request\",\"session\":\"e\",\"opcode\":\"encrypt\",\"iv\":\"{}\",\"src\":\"{}\",\"expect\":{{\"status\":\"ok\",\"dst\":\"{}\"}}}}\n",
+            hex(&iv),
+            hex(src),
+            hex(&encrypt(src))
+        );
+    }
+    trace
+}
+
+#[test]
+fn dst_left_holding_an_earlier_src_of_the_same_block_is_caught() {
+    // Requests 8..16 write their output where requests 0..8 had their src,
+    // whose first block is already each one's first output block. The
+    // device leaves that block alone from request 8 on; only the canary
+    // catches it, put there because the tool knows what src it wrote.
+    control_then_caught_repeated(&alternating_trace(true), 1024, Fault::KeepDstHeadFrom(8), 1, 16);
+}
+
+#[test]
+fn device_write_past_a_dst_that_precedes_src_is_caught() {
+    // 300 passes of 16 requests; from the 4,200th on (where the tool
+    // compares one src in 64), the device writes 16 bytes past each dst
+    // that lies just before its src, onto src's first block.
+    let r = control_then_caught_repeated(
+        &alternating_trace(false),
+        1024,
+        Fault::OverrunDstBeforeSrcFrom(4200),
+        300,
+        4800,
+    );
+    assert!(
+        r.first_mismatches
+            .iter()
+            .any(|m| m.field.starts_with("src[0..16]")),
+        "{:?}",
+        r.first_mismatches
+    );
+}
+
+#[test]
+fn device_write_to_a_swapped_requests_indirect_table_is_caught() {
+    // Requests 8..16 of the alternating trace use their buffer sets'
+    // second indirect table; from request 8 on the device clears a flag
+    // in the table it was given.
+    let trace = alternating_trace(false);
+    let honest = run_with(&trace, 1024, DescMode::Indirect, &[Fault::None], 1).expect("returned");
+    assert_eq!((honest.requests, honest.mismatches), (16, 0), "{honest:?}");
+    let r = run_with(&trace, 1024, DescMode::Indirect, &[Fault::ClobberDescsFrom(8)], 1).expect("returned");
+    assert_eq!((r.requests, r.mismatches), (16, 1), "{r:?}");
+    assert_eq!(r.first_mismatches[0].field, "descriptors", "{r:?}");
+    assert!(
+        r.first_mismatches[0].got.contains("indirect table 1, entry"),
+        "{r:?}"
+    );
 }

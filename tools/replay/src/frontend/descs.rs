@@ -4,51 +4,53 @@
 //! that they are still as written after a run, and raw requests'
 //! descriptors written exactly as a trace gives them.
 
-use super::queue::Shape;
+use super::queue::{Placement, Shape, SlotLayout};
 use super::{DescMode, DriverQueue, DESCS_PER_REQUEST, MAX_RAW_DESCS};
 use crate::driver_ring::{self, encode, indirect_head, Buf, Descriptor};
 use vhost_user_crypto::wire::virtio_crypto::OP_DATA_REQ_SIZE;
 
 impl DriverQueue {
-    /// [`DriverQueue::submit_request_in`]'s descriptors for `slot`, of
-    /// buffer set `b`, when some are (re)written for `shape` (`unchanged`:
-    /// the set's table holds that shape already). What is rewritten must
-    /// still be as this tool left it, or a backend's write to it would be
-    /// repaired unseen before [`DriverQueue::check_descs`] looks: it is
-    /// checked first (the first change found is kept for `check_descs`).
+    /// [`DriverQueue::submit_request_in`]'s descriptors for `slot` when
+    /// some are (re)written for `shape` (`unchanged`: the indirect table
+    /// of the shape's placement holds that shape already). What is
+    /// rewritten must still be as this tool left it, or a backend's write
+    /// to it would be repaired unseen before [`DriverQueue::check_descs`]
+    /// looks: it is checked first (the first change found is kept for
+    /// `check_descs`).
     /// Returns the head. (Out of line: the usual request rewrites nothing,
     /// and its path stays short.)
     #[cold]
     #[inline(never)]
-    pub(super) fn rewrite_descs(&mut self, slot: u16, b: usize, shape: Shape, unchanged: bool) -> u16 {
+    pub(super) fn rewrite_descs(&mut self, slot: u16, shape: Shape, unchanged: bool) -> u16 {
+        let t = Self::table_index(self.buf(slot), shape);
         if self.desc_fault.is_none() {
-            let old_table = self.shape.get(b).copied().flatten().filter(|_| !unchanged);
+            let old_table = self.shape.get(t).copied().flatten().filter(|_| !unchanged);
             let old_head = self.head_shape.get(usize::from(slot)).copied().flatten();
             self.desc_fault = match self.desc_mode {
                 DescMode::Indirect => old_table
-                    .and_then(|o| self.table_fault(b, o))
+                    .and_then(|o| self.table_fault(t, o))
                     .or_else(|| old_head.and_then(|o| self.head_fault(slot, o))),
                 DescMode::Chain => old_table.and_then(|o| self.chain_fault(slot, o)),
             };
         }
-        if let Some(s) = self.shape.get_mut(b) {
+        if let Some(s) = self.shape.get_mut(t) {
             *s = Some(shape);
         }
         self.write_descs(slot, shape, unchanged)
     }
 
     /// Writes [`DriverQueue::submit_request`]'s descriptors for `slot`
-    /// and `shape` (iv_len, len, digest_len, in_place): in indirect mode
-    /// the buffer set's table unless `unchanged` (it holds them already)
-    /// and the slot's head descriptor, in chain mode the chain. Returns
-    /// the head.
+    /// and `shape` (iv_len, len, digest_len, placement): in indirect mode
+    /// the buffer set's table for that placement unless `unchanged` (it
+    /// holds them already) and the slot's head descriptor, in chain mode
+    /// the chain. Returns the head.
     #[inline(never)]
     fn write_descs(&mut self, slot: u16, shape: Shape, unchanged: bool) -> u16 {
-        let (bufs, n) = self.shape_bufs(self.buf(slot), shape);
+        let l = self.shape_layout(self.buf(slot), shape);
+        let (bufs, n) = Self::shape_bufs(l, shape);
         let mem = &*self.mem;
         match self.desc_mode {
             DescMode::Indirect => {
-                let l = self.layout(slot);
                 if !unchanged {
                     driver_ring::write_table(mem, l.table, &bufs[..n]);
                 }
@@ -64,14 +66,17 @@ impl DriverQueue {
     }
 
     /// The buffers of a request of `shape` (iv_len, len, digest_len,
-    /// in_place) in buffer set `b`, in the order [`DriverQueue::write_descs`]
+    /// placement) laid out at `l`, in the order [`DriverQueue::write_descs`]
     /// links them ([`driver_ring::chain`]): header ([`OP_DATA_REQ_SIZE`] bytes), IV, src,
     /// dst (src when in place), the hash result when it has bytes, status.
     /// Returns them and how many.
-    fn shape_bufs(&self, b: usize, shape: Shape) -> ([Buf; DESCS_PER_REQUEST as usize], usize) {
-        let (iv_len, len, digest_len, in_place) = shape;
-        let l = self.set_layout(b);
-        let dst = if in_place { l.src } else { l.dst };
+    fn shape_bufs(l: SlotLayout, shape: Shape) -> ([Buf; DESCS_PER_REQUEST as usize], usize) {
+        let (iv_len, len, digest_len, placement) = shape;
+        let dst = if placement == Placement::InPlace {
+            l.src
+        } else {
+            l.dst
+        };
         let all = [
             Buf::readable(l.hdr, OP_DATA_REQ_SIZE as u32),
             Buf::readable(l.iv, iv_len),
@@ -92,7 +97,7 @@ impl DriverQueue {
     }
 
     /// Checks that the descriptors this queue laid out for the trace's
-    /// requests (every set's indirect table and every slot's head in
+    /// requests (both indirect tables of every set and every slot's head in
     /// indirect mode, every slot's chain in chain mode) still hold what it
     /// wrote: the descriptor table is the driver's part of the split
     /// virtqueue (VIRTIO 1.2 §2.7: each part is written by the driver or by
@@ -103,18 +108,18 @@ impl DriverQueue {
     /// request in flight.
     ///
     /// # Errors
-    /// Where the first changed descriptor is (ring index, or buffer set
-    /// and table entry). The queue then forgets what it laid out, so the
-    /// next requests write their descriptors again.
+    /// Where the first changed descriptor is (ring index, or buffer set,
+    /// table (0 or 1) and entry). The queue then forgets what it laid out,
+    /// so the next requests write their descriptors again.
     pub fn check_descs(&mut self) -> Result<(), String> {
         let mut bad = self.desc_fault.take();
         match self.desc_mode {
             DescMode::Indirect => {
-                for (b, shape) in self.shape.iter().enumerate() {
+                for (t, shape) in self.shape.iter().enumerate() {
                     if bad.is_some() {
                         break;
                     }
-                    bad = shape.and_then(|o| self.table_fault(b, o));
+                    bad = shape.and_then(|o| self.table_fault(t, o));
                 }
                 for (slot, shape) in self.head_shape.iter().enumerate() {
                     if bad.is_some() {
@@ -124,12 +129,13 @@ impl DriverQueue {
                 }
             }
             DescMode::Chain => {
-                // Every slot has its own buffer set here.
-                for (slot, shape) in self.shape.iter().enumerate() {
+                // Every slot has its own buffer set here, never swapped:
+                // slot s's shape is at 2 * s.
+                for (t, shape) in self.shape.iter().enumerate() {
                     if bad.is_some() {
                         break;
                     }
-                    bad = shape.and_then(|o| self.chain_fault(slot as u16, o));
+                    bad = shape.and_then(|o| self.chain_fault((t / 2) as u16, o));
                 }
             }
         }
@@ -150,17 +156,19 @@ impl DriverQueue {
         b
     }
 
-    /// Where buffer set `b`'s indirect table differs from what
-    /// [`DriverQueue::write_descs`] put there for `shape`.
+    /// Where indirect table `t` (an index into [`DriverQueue::shape`])
+    /// differs from what [`DriverQueue::write_descs`] put there for
+    /// `shape`.
     #[cold]
     #[inline(never)]
-    fn table_fault(&self, b: usize, shape: Shape) -> Option<String> {
-        let (bufs, n) = self.shape_bufs(b, shape);
-        let table = self.set_layout(b).table;
+    fn table_fault(&self, t: usize, shape: Shape) -> Option<String> {
+        let l = self.shape_layout(t / 2, shape);
+        let (bufs, n) = Self::shape_bufs(l, shape);
         let bad = driver_ring::chain(&bufs[..n], 0)
             .enumerate()
-            .find(|(i, d)| self.desc_at(table + 16 * *i as u64) != encode(d));
-        bad.map(|(i, _)| format!("buffer set {b}'s indirect table, entry {i}"))
+            .find(|(i, d)| self.desc_at(l.table + 16 * *i as u64) != encode(d));
+        let (b, k) = (t / 2, t % 2);
+        bad.map(|(i, _)| format!("buffer set {b}'s indirect table {k}, entry {i}"))
     }
 
     /// Whether slot `slot`'s ring descriptor differs from the indirect
@@ -168,8 +176,8 @@ impl DriverQueue {
     #[cold]
     #[inline(never)]
     fn head_fault(&self, slot: u16, shape: Shape) -> Option<String> {
-        let n = self.shape_bufs(self.buf(slot), shape).1;
-        let d = indirect_head(self.layout(slot).table, n);
+        let l = self.shape_layout(self.buf(slot), shape);
+        let d = indirect_head(l.table, Self::shape_bufs(l, shape).1);
         (self.desc_at(self.ring.ring().desc_at(slot)) != encode(&d))
             .then(|| format!("ring descriptor {slot} (indirect head)"))
     }
@@ -179,7 +187,7 @@ impl DriverQueue {
     #[cold]
     #[inline(never)]
     fn chain_fault(&self, slot: u16, shape: Shape) -> Option<String> {
-        let (bufs, n) = self.shape_bufs(usize::from(slot), shape);
+        let (bufs, n) = Self::shape_bufs(self.shape_layout(usize::from(slot), shape), shape);
         let base = slot * DESCS_PER_REQUEST;
         let ring = self.ring.ring();
         let bad = driver_ring::chain(&bufs[..n], base)
@@ -200,8 +208,9 @@ impl DriverQueue {
     /// # Errors
     /// Too many descriptors, or a direct chain on a queue in indirect mode.
     pub fn submit_descs(&mut self, slot: u16, descs: &[Descriptor], indirect: bool) -> Result<u16, String> {
+        // The raw table may cover both of the set's tables.
         let b = self.buf(slot);
-        if let Some(s) = self.shape.get_mut(b) {
+        for s in self.shape.iter_mut().skip(2 * b).take(2) {
             *s = None;
         }
         if let Some(s) = self.head_shape.get_mut(usize::from(slot)) {

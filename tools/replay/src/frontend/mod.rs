@@ -70,7 +70,7 @@ use std::time::Duration;
 use vhost_user_crypto::wire::session::SessionAbi;
 
 pub use connection::CryptoFrontend;
-pub use queue::{DriverQueue, SlotLayout, Used};
+pub use queue::{DriverQueue, Placement, SlotLayout, Used};
 
 /// How long the handshake, and each session or ring message after it, may
 /// wait for the backend's answer.

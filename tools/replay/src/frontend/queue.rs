@@ -52,9 +52,17 @@ pub struct DriverQueue {
     /// (Non-zero, [`FrontendConfig::validate`]: as a divisor it needs no
     /// zero test.)
     pub(super) nslots: NonZeroU16,
-    /// Buffer sets (header, IV, src, dst, status, indirect table): slot s
-    /// uses set `s % nbufs` (see [`DriverQueue::layout`]).
+    /// Buffer sets (header, two data buffers for src and dst, IV, status,
+    /// two indirect tables, hash result): slot s uses set `s % nbufs` (see
+    /// [`DriverQueue::layout`]).
     pub(super) nbufs: NonZeroU16,
+    /// The bit of a slot number that says whether an alternating request
+    /// there is [`Placement::Swapped`] ([`DriverQueue::placement`]): the
+    /// set count, when sets and slots are powers of two and each set has
+    /// at least two slots (then `(slot / sets) & 1` is 1 exactly when
+    /// `slot & sets` is not 0, for a slot or any number equal to it modulo
+    /// the slot count); else 0, never swapped.
+    pub(super) swap_bit: u16,
     /// Per buffer set: in use by a request in flight.
     pub(super) busy: Vec<bool>,
     /// Per slot: a request is in flight there (a used element naming
@@ -64,9 +72,11 @@ pub struct DriverQueue {
     /// the avail index minus the used index, which a backend that puts an
     /// unknown or repeated id on the used ring would move.
     pub(super) outstanding: u16,
-    /// The (iv_len, len, digest_len, in_place) whose descriptors each
-    /// buffer set holds, so a set reused with the same shape is not
-    /// rewritten.
+    /// The [`Shape`] whose descriptors each indirect table holds (two per
+    /// buffer set: `2 * set`, and `2 * set + 1` for [`Placement::Swapped`]),
+    /// so a table reused with the same shape is not rewritten; in chain
+    /// mode, at `2 * slot`, the shape of the slot's chain (odd entries stay
+    /// `None`: chain mode never swaps).
     pub(super) shape: Vec<Option<Shape>>,
     /// Per slot (indirect mode): the shape of the set's table its head
     /// descriptor was last written for.
@@ -92,10 +102,66 @@ pub struct SlotLayout {
     pub dst: u64,
     /// Status byte.
     pub status: u64,
-    /// Indirect table.
+    /// Indirect table: a set has room for [`MAX_RAW_DESCS`] entries, all
+    /// of which a raw request may use; a request this tool lays out uses
+    /// the first 128 bytes, or, in a swapped layout (where this field
+    /// already points there), the next 128.
     pub table: u64,
     /// Hash result of a chained request ([`DIGEST_AREA`] bytes).
     pub digest: u64,
+    /// src and dst are exchanged ([`SlotLayout::swapped_if`]): src is the
+    /// set's second data buffer and dst its first.
+    pub swapped: bool,
+}
+
+/// Bytes between a buffer set's two indirect tables for the requests this
+/// tool lays out: room for a request's descriptors, from a cache-line
+/// boundary.
+const TABLE_STRIDE: u64 = (16 * DESCS_PER_REQUEST as u64).next_multiple_of(SLOT_ALIGN as u64);
+const _: () = assert!(2 * TABLE_STRIDE <= 16 * MAX_RAW_DESCS as u64);
+
+impl SlotLayout {
+    /// The set's first indirect table, the one [`SlotLayout::table`] is in
+    /// a layout that is not swapped. It starts at the cache line after the
+    /// status byte's.
+    pub fn first_table(&self) -> u64 {
+        if self.swapped {
+            self.table - TABLE_STRIDE
+        } else {
+            self.table
+        }
+    }
+
+    /// With `swap`, the layout of a [`Placement::Swapped`] request: src
+    /// and dst exchanged, and the set's second indirect table; else this
+    /// one.
+    pub fn swapped_if(self, swap: bool) -> SlotLayout {
+        if !swap {
+            return self;
+        }
+        debug_assert!(!self.swapped, "a layout swapped twice");
+        SlotLayout {
+            src: self.dst,
+            dst: self.src,
+            table: self.table + TABLE_STRIDE,
+            swapped: true,
+            ..self
+        }
+    }
+}
+
+/// Which of its buffer set's two data buffers a request reads src from
+/// and writes its output to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The output over src, in the first (the dst descriptor points at
+    /// src, as DPDK's driver does).
+    InPlace,
+    /// src in the first, the output in the second.
+    Apart,
+    /// src in the second, the output in the first
+    /// ([`SlotLayout::swapped_if`]).
+    Swapped,
 }
 
 /// A completed request.
@@ -129,7 +195,7 @@ const SRC_OFFSET: u64 = 72u64.next_multiple_of(SLOT_ALIGN as u64);
 /// buffer's offset in the set.
 fn set_offsets(max_payload: usize, max_iv: usize) -> SlotLayout {
     let p = max_payload.next_multiple_of(SLOT_ALIGN) as u64;
-    // Header | src | dst | IV + status | indirect table | hash result.
+    // Header | src | dst | IV + status | indirect tables | hash result.
     // The header (unchanged while the slot keeps its session and shape),
     // src and dst each start a cache line, as a driver's buffers usually
     // do: a 256-byte payload is 4 lines, not 5, and no line holds bytes
@@ -137,8 +203,8 @@ fn set_offsets(max_payload: usize, max_iv: usize) -> SlotLayout {
     // (src end and dst start). The IV and the status byte share one line,
     // the only one besides src and dst that both sides touch for every
     // request (driver: IV and status canary; device: reads the IV, writes
-    // the status). The table has its own line: it changes only when the
-    // slot changes shape.
+    // the status). The tables have their own lines: they change only when
+    // the slot changes shape.
     let src = SRC_OFFSET;
     let dst = src + p;
     let iv = dst + p;
@@ -152,6 +218,7 @@ fn set_offsets(max_payload: usize, max_iv: usize) -> SlotLayout {
         status,
         table,
         digest: table + 16 * MAX_RAW_DESCS as u64,
+        swapped: false,
     }
 }
 
@@ -161,9 +228,9 @@ fn slot_size(max_payload: usize, max_iv: usize) -> usize {
 }
 
 /// A request's descriptor shape: (IV bytes, src = dst bytes, hash result
-/// bytes, in place). Requests of one shape in one buffer set have the same
-/// descriptors.
-pub(super) type Shape = (u32, u32, u32, bool);
+/// bytes, placement). Requests of one shape in one buffer set have the
+/// same descriptors.
+pub(super) type Shape = (u32, u32, u32, Placement);
 
 impl DriverQueue {
     /// Request slots and buffer sets of a queue set up with `cfg`: with
@@ -220,10 +287,15 @@ impl DriverQueue {
             slot_size: slot_size(cfg.max_payload, cfg.max_iv),
             nslots: nonzero(nslots)?,
             nbufs: nonzero(nbufs)?,
+            swap_bit: if nbufs.is_power_of_two() && nslots.is_power_of_two() && nslots > nbufs {
+                nbufs
+            } else {
+                0
+            },
             busy: vec![false; usize::from(nbufs)],
             in_flight_slot: vec![false; usize::from(nslots)],
             outstanding: 0,
-            shape: vec![None; usize::from(nbufs)],
+            shape: vec![None; 2 * usize::from(nbufs)],
             head_shape: vec![None; usize::from(nslots)],
             desc_fault: None,
             desc_mode: cfg.desc_mode,
@@ -259,8 +331,45 @@ impl DriverQueue {
     /// own set. A set stays taken until its request completes: with
     /// completions out of order, a late one keeps the other slots of its
     /// set waiting, so fewer than `depth` requests may be in flight.
+    /// ([`Placement::Swapped`] requests use
+    /// [`SlotLayout::swapped_if`]`(true)` of it.)
     pub fn layout(&self, slot: u16) -> SlotLayout {
         self.set_layout(self.buf(slot))
+    }
+
+    /// The [`Placement`] of a request in `slot`: in place or not, and
+    /// when not, [`Placement::Swapped`] if it may `alternate` and `slot`
+    /// is in every other slot of those that share its buffer set
+    /// (`(slot / sets)` odd). The slots that share a set take it in turn,
+    /// so such requests alternate between the set's two data buffers, one
+    /// request's output buffer being the next one's src. Never swapped
+    /// where sets and slots are not powers of two or a set has one slot
+    /// (chain mode).
+    pub fn placement(&self, slot: u16, in_place: bool, alternate: bool) -> Placement {
+        if in_place {
+            Placement::InPlace
+        } else if alternate && slot & self.swap_bit != 0 {
+            Placement::Swapped
+        } else {
+            Placement::Apart
+        }
+    }
+
+    /// Whether this queue swaps any request's placement: whether requests
+    /// that may alternate do ([`DriverQueue::placement`]).
+    pub fn swaps(&self) -> bool {
+        self.swap_bit != 0
+    }
+
+    /// The layout of a request of `shape` in buffer set `b`.
+    pub(super) fn shape_layout(&self, b: usize, shape: Shape) -> SlotLayout {
+        self.set_layout(b).swapped_if(shape.3 == Placement::Swapped)
+    }
+
+    /// Which of its buffer set `b`'s two indirect tables a request of
+    /// `shape` uses: an index into [`DriverQueue::shape`].
+    pub(super) fn table_index(b: usize, shape: Shape) -> usize {
+        2 * b + usize::from(shape.3 == Placement::Swapped)
     }
 
     /// Guest addresses of buffer set `b`'s buffers (`layout(slot)` is
@@ -278,6 +387,7 @@ impl DriverQueue {
             status: base + o.status,
             table: base + o.table,
             digest: base + o.digest,
+            swapped: false,
         }
     }
 
@@ -383,6 +493,17 @@ impl DriverQueue {
         (!self.busy[b]).then_some(b)
     }
 
+    /// The layout of the slot request `k` places after the next one will
+    /// use, for a request that may `alternate` ([`DriverQueue::placement`]),
+    /// if its buffer set is free now (for prefetching). One division, as
+    /// in [`DriverQueue::set_ahead`].
+    pub fn layout_ahead(&self, k: u16, alternate: bool) -> Option<SlotLayout> {
+        let x = self.ring.avail_idx().wrapping_add(k);
+        let b = usize::from(x % self.nbufs);
+        // (x's swap bit is its slot's: `swap_bit`.)
+        (!self.busy[b]).then(|| self.set_layout(b).swapped_if(alternate && x & self.swap_bit != 0))
+    }
+
     /// Makes a plain cipher request available in `slot`, whose header, IV
     /// and src the caller has written; `iv_len` IV bytes, `len` = src = dst bytes.
     pub fn submit(&mut self, slot: u16, iv_len: u32, len: u32) {
@@ -395,11 +516,18 @@ impl DriverQueue {
     /// `virtio_crypto_alg_chain_data_vlf`. With `in_place` the dst
     /// descriptor points at src, as DPDK's guest driver does.
     pub fn submit_request(&mut self, slot: u16, iv_len: u32, len: u32, digest_len: u32, in_place: bool) {
-        self.submit_request_in(slot, self.buf(slot), iv_len, len, digest_len, in_place);
+        let placement = if in_place {
+            Placement::InPlace
+        } else {
+            Placement::Apart
+        };
+        self.submit_request_in(slot, self.buf(slot), iv_len, len, digest_len, placement);
     }
 
     /// [`DriverQueue::submit_request`] for a caller that has `slot`'s
-    /// buffer set `b` (= [`DriverQueue::buf`]`(slot)`) at hand already.
+    /// buffer set `b` (= [`DriverQueue::buf`]`(slot)`) at hand already, and
+    /// has written src where `placement` puts it
+    /// ([`DriverQueue::placement`]).
     #[inline(always)]
     pub fn submit_request_in(
         &mut self,
@@ -408,20 +536,20 @@ impl DriverQueue {
         iv_len: u32,
         len: u32,
         digest_len: u32,
-        in_place: bool,
+        placement: Placement,
     ) {
         debug_assert_eq!(b, self.buf(slot));
-        let shape = (iv_len, len, digest_len, in_place);
+        let shape = (iv_len, len, digest_len, placement);
         // The usual case, a slot reused with the same shape, writes no
         // descriptor: the descriptors are laid out only when some are
         // (re)written (the set's table for a new shape; in indirect mode
         // also the slot's head when it was written for another shape).
-        let unchanged = self.shape.get(b) == Some(&Some(shape));
+        let unchanged = self.shape.get(Self::table_index(b, shape)) == Some(&Some(shape));
         let rewrite = !unchanged
             || (self.desc_mode == DescMode::Indirect
                 && self.head_shape.get(usize::from(slot)) != Some(&Some(shape)));
         let head = match self.desc_mode {
-            _ if rewrite => self.rewrite_descs(slot, b, shape, unchanged),
+            _ if rewrite => self.rewrite_descs(slot, shape, unchanged),
             DescMode::Chain => slot * DESCS_PER_REQUEST,
             DescMode::Indirect => slot,
         };

@@ -10,7 +10,7 @@ use super::prepared::{Hot, Prepared};
 use super::report::Outcome;
 use super::run::{InFlight, Run};
 use crate::frontend::{SlotLayout, Used, DIGEST_AREA};
-use crate::guest_mem::GuestMem;
+use crate::guest_mem::{GuestMem, PREFETCH_MAX};
 use crate::trace::{hex, AlgChainReq, ExpectStatus};
 
 /// Canary written over every output buffer before a request is submitted.
@@ -55,15 +55,16 @@ pub(super) fn in_hash_sample(seq: u64) -> bool {
 pub const GUARD_LEN: usize = 16;
 
 /// Where the guard after a request's output goes, if anywhere: after dst
-/// when the request is shorter than the slot's dst area (a full-length
-/// dst is followed by the IV, which is checked anyway), or after src for
-/// an in-place request (the dst area is then unused).
+/// when the request is shorter than the slot's data buffers (a
+/// full-length dst is followed by the IV, which is checked anyway, or,
+/// swapped, by src, see `check_untouched`), or after src for an in-place
+/// request.
 pub(super) fn dst_guard(l: SlotLayout, len: u32, in_place: bool) -> Option<u64> {
     let len = u64::from(len);
     if in_place {
         return Some(l.src + len);
     }
-    let area = l.dst - l.src;
+    let area = l.dst.abs_diff(l.src);
     (len + GUARD_LEN as u64 <= area).then_some(l.dst + len)
 }
 
@@ -74,9 +75,9 @@ const STATUS_AREA: usize = 8;
 const STATUS_AREA_PUT: [u8; STATUS_AREA] = [STATUS_CANARY, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A, 0x5A];
 
 /// Whether slot `l` has room for the whole status area before its
-/// descriptor table.
+/// descriptor tables ([`SlotLayout::first_table`]).
 pub(super) fn status_area_fits(l: SlotLayout) -> bool {
-    l.status + STATUS_AREA as u64 <= l.table
+    l.status + STATUS_AREA as u64 <= l.first_table()
 }
 
 /// Puts the status canary in slot `l`'s status byte and, where the slot
@@ -140,7 +141,7 @@ impl<'a> Run<'a> {
             b.inc(1);
         }
         let b = self.queues[q].buf(u.slot);
-        let l = self.queues[q].set_layout(b);
+        let l = self.queues[q].set_layout(b).swapped_if(f.swapped);
         // The output is compared where the backend wrote it (no copy).
         let mem: &'a GuestMem = &self.mems[q];
         let dst = mem.view(if h.in_place() { l.src } else { l.dst }, h.len as usize);
@@ -159,15 +160,25 @@ impl<'a> Run<'a> {
         let before = self.report.mismatches;
         self.check_outcome(p, f, h, alg_chain, u, status, dst, digest);
         self.check_untouched(p, f, h, alg_chain, (q, b), mem, l, after_status_ok);
-        self.dst_known[q][b] = (self.report.mismatches == before && status == 0)
-            .then(|| p.known_after(h))
-            .flatten();
+        let clean = self.report.mismatches == before;
+        let known = &mut self.dst_known[q][b];
+        if h.in_place() {
+            // The output is over src; the set's other buffer is not
+            // compared.
+            *known = [None; 2];
+        } else {
+            let (src_buf, dst_buf) = data_buffers(l);
+            known[dst_buf] = (clean && status == 0).then(|| p.known_after(h)).flatten();
+            known[src_buf] = clean.then(|| p.src_known_after(h)).flatten();
+        }
     }
 
     /// The device may write only the dst and hash result bytes and the
     /// status byte; everything else of the slot that this tool put there
     /// must be as it was. On every request: the IV (whose line follows a
-    /// full-length dst, so a write past dst's end lands there), the guard
+    /// full-length dst, so a write past dst's end lands there; a swapped
+    /// dst is followed by src, whose first 16 bytes are compared too
+    /// unless all of src is), the guard
     /// after a shorter dst or an in-place src ([`dst_guard`]), the bytes
     /// after the status byte (`after_status_ok`, read with the status) and
     /// the hash result area past `hash_result_len`. On each of the run's
@@ -206,7 +217,19 @@ impl<'a> Run<'a> {
                 );
             }
         }
-        if let Some(g) = dst_guard(l, h.len, h.in_place()) {
+        let guard = dst_guard(l, h.len, h.in_place());
+        if l.swapped && guard.is_none() && !src_checked(f.seq) {
+            let n = GUARD_LEN.min(h.len as usize);
+            if mem.view(l.src, n) != &p.src(h)[..n] {
+                self.mismatch(
+                    p.line(f.idx),
+                    &format!("src[0..{n}] (device-readable, right after dst)"),
+                    "unchanged".into(),
+                    "written".into(),
+                );
+            }
+        }
+        if let Some(g) = guard {
             if mem.view(g, GUARD_LEN).iter().any(|&x| x != DST_CANARY) {
                 self.mismatch(
                     p.line(f.idx),
@@ -318,7 +341,12 @@ impl<'a> Run<'a> {
         if ok {
             if h.has_dst() {
                 let want = p.want(h);
-                if dst != want {
+                let same = if f.alternating {
+                    output_matches(dst, want)
+                } else {
+                    dst == want
+                };
+                if !same {
                     let at = dst.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
                     let end = (at + 16).min(dst.len());
                     self.mismatch(
@@ -348,9 +376,18 @@ impl<'a> Run<'a> {
             return;
         };
         let h = &p.hot[f.idx as usize];
-        let l = self.queues[q].layout(u.slot);
+        let dq = &self.queues[q];
+        let l = dq.layout(u.slot).swapped_if(f.swapped);
         let mem = &self.mems[q];
-        mem.prefetch(if h.in_place() { l.src } else { l.dst }, h.len as usize);
+        if h.in_place() {
+            mem.prefetch(l.src, h.len as usize);
+        } else if f.alternating {
+            // For writing: the next src of this buffer set goes there
+            // (`output_matches`).
+            mem.prefetch_write(l.dst, h.len as usize);
+        } else {
+            mem.prefetch(l.dst, h.len as usize);
+        }
         mem.prefetch_byte(l.status);
         if src_checked(f.seq) {
             mem.prefetch(l.hdr, OP_DATA_REQ_SIZE);
@@ -361,6 +398,40 @@ impl<'a> Run<'a> {
         }
         crate::guest_mem::prefetch(p.want(h));
     }
+}
+
+/// Which of its buffer set's two data buffers (0, 1: an index into a set's
+/// `Run::dst_known`) a request laid out at `l` reads src from and which it
+/// writes its output to (unless in place: then src is both): 0 and 1
+/// unless `l` is swapped (`frontend::Placement::Swapped`).
+pub(super) fn data_buffers(l: SlotLayout) -> (usize, usize) {
+    let k = usize::from(l.swapped);
+    (k, 1 - k)
+}
+
+/// Whether the output `dst` (in guest memory) of a request that
+/// alternates is `want`, compared a [`PREFETCH_MAX`] piece at a time, the
+/// lines of each piece taken for writing (`PREFETCHW`) while the one
+/// before is compared (the first piece's with the completion's prefetch):
+/// the next request of the buffer set writes its src there
+/// (`DriverQueue::placement`), into lines this CPU then holds, where it
+/// would otherwise take each line from the backend's CPU again.
+fn output_matches(dst: &[u8], want: &[u8]) -> bool {
+    if dst.len() <= PREFETCH_MAX || dst.len() != want.len() {
+        return dst == want;
+    }
+    let mut at = 0;
+    while at < dst.len() {
+        let end = (at + PREFETCH_MAX).min(dst.len());
+        if let Some(next) = dst.get(end..) {
+            crate::guest_mem::prefetch_for_write(next);
+        }
+        if dst[at..end] != want[at..end] {
+            return false;
+        }
+        at = end;
+    }
+    true
 }
 
 /// The block signature of an expected output: the first 4 bytes of each
@@ -453,8 +524,31 @@ pub(super) fn digest_in_area(digest_in: &[u8], len: usize) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::{block_signature, canary_where_same, known_sig, DST_CANARY};
+    use super::{block_signature, canary_where_same, known_sig, status_area_fits, DST_CANARY};
+    use crate::frontend::SlotLayout;
     use crate::guest_mem::GuestMem;
+
+    #[test]
+    fn the_status_area_fits_only_in_the_status_bytes_line_swapped_or_not() {
+        // A set whose tables start at the line after the status byte's
+        // (0x1040): an 8-byte area from byte 56 of the line fits, from
+        // byte 57 it would reach the first table. The swapped layout
+        // points at the second table, 128 bytes on, and fits no more.
+        for (status, fits) in [(0x1038, true), (0x1039, false)] {
+            let l = SlotLayout {
+                hdr: 0,
+                iv: 0x1000,
+                src: 0x80,
+                dst: 0x800,
+                status,
+                table: 0x1040,
+                digest: 0x1140,
+                swapped: false,
+            };
+            assert_eq!(status_area_fits(l), fits, "{status:#x}");
+            assert_eq!(status_area_fits(l.swapped_if(true)), fits, "{status:#x} swapped");
+        }
+    }
 
     #[test]
     fn canary_goes_where_dst_may_already_hold_the_expected_bytes() {

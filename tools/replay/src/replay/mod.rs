@@ -111,7 +111,7 @@ fn replay_on(
     let mems: Vec<_> = queues.iter().map(|q| q.mem_handle()).collect();
     let dst_known = queues
         .iter()
-        .map(|q| vec![None; usize::from(q.buffer_sets())])
+        .map(|q| vec![[None; 2]; usize::from(q.buffer_sets())])
         .collect();
     let hdr_put = queues
         .iter()
@@ -183,7 +183,7 @@ fn replay_on(
                         let out = out?;
                         // A raw request writes its buffer set's whole area.
                         for known in run.dst_known.iter_mut().flatten() {
-                            *known = None;
+                            *known = [None; 2];
                         }
                         run.report.requests += 1;
                         let name = out

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0 OR BSD-3-Clause
 //! A run of requests laid out for replaying: per request a compact
-//! record ([`Hot`]), its bytes in one arena and its expected output's
-//! block signature in another, and the request header it gets.
+//! record ([`Hot`]), its bytes in one arena and the block signatures of
+//! its expected output (and src) in another, and the request header it
+//! gets.
 
 use vhost_user_crypto::wire::virtio_crypto::{
     AlgChainPara, OpDataReq, OP_DATA_REQ_SIZE, VIRTIO_CRYPTO_CIPHER_DECRYPT, VIRTIO_CRYPTO_CIPHER_ENCRYPT,
@@ -87,15 +88,30 @@ const SAME_HEADER: u8 = 16;
 /// [`Hot::flags`]: the request has [`HAS_DST`], its output does not end
 /// in a block of 1 to 3 bytes ([`super::check::short_last_block`]: such a
 /// block's word is zero-padded), and no other request of the run has the
-/// same block signature word at the same block index ([`mark_distinct`]):
-/// no block of another request's expected output that holds at least 4
-/// bytes equals this one's at its place.
+/// same block signature word at the same block index in its expected
+/// output, nor any request with a src signature ([`Hot::has_src_sig`],
+/// this one included) in its src ([`mark_distinct`]): no block of
+/// another request's expected output, or of such a src, that holds at
+/// least 4 bytes equals this one's at its place.
 const SIG_DISTINCT: u8 = 32;
+/// [`Hot::flags`]: the request is out of place and at least
+/// [`ALTERNATE_MIN_LEN`] bytes long, so it may alternate between its
+/// buffer set's two data buffers (`DriverQueue::placement`).
+const ALTERNATE: u8 = 64;
+
+/// The shortest out-of-place request that alternates between its buffer
+/// set's data buffers, its src written where this tool has just read the
+/// previous request's output (`DriverQueue::placement`). Bytes. Shorter
+/// requests save too few cache-line round trips to pay for it: 256-byte
+/// ones ran about 10 % slower alternating, 1 KiB ones 7 % faster
+/// (docs/PERFORMANCE.md, "Techniques and what each bought").
+const ALTERNATE_MIN_LEN: usize = 1024;
 
 /// The most block signature words a run of requests may have for
-/// [`mark_distinct`] to look at it (64 MiB of expected output; the sort
-/// takes 16 bytes per word). A longer run marks no request distinct, and
-/// each submission compares the two signatures instead.
+/// [`mark_distinct`] to look at it (64 MiB of expected output, and of
+/// src where [`Hot::has_src_sig`]; the sort takes 16 bytes per word). A
+/// longer run marks no request distinct, and each submission compares
+/// the two signatures instead.
 const DISTINCT_MAX_WORDS: usize = 1 << 22;
 
 /// What the submit loop and the checks read of one trace request on the
@@ -105,7 +121,8 @@ const DISTINCT_MAX_WORDS: usize = 1 << 22;
 /// outcomes). Its bytes are one entry of the run's arena, back to back,
 /// each from a 16-byte boundary: the IV, src, and the expected output
 /// (with [`HAS_DST`] only); the block signature of the expected output
-/// ([`block_signature`]) is in the signature arena.
+/// ([`block_signature`]) is in the signature arena, followed by src's when
+/// [`Hot::has_src_sig`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Hot {
     /// Where the IV (the entry) starts in the arena, in 16-byte units.
@@ -114,7 +131,7 @@ pub(super) struct Hot {
     pub(super) src: u32,
     /// Where the expected output starts in the arena, in 16-byte units.
     pub(super) dst: u32,
-    /// Where the block signature starts in the signature arena (words).
+    /// Where the block signatures start in the signature arena (words).
     pub(super) sig: u32,
     /// src (= dst) bytes.
     pub(super) len: u32,
@@ -151,6 +168,16 @@ impl Hot {
         self.flags & SAME_HEADER != 0
     }
 
+    pub(super) fn alternates(&self) -> bool {
+        self.flags & ALTERNATE != 0
+    }
+
+    /// Whether the signature arena holds src's block signature after the
+    /// expected output's: [`ALTERNATE`], with [`HAS_DST`].
+    pub(super) fn has_src_sig(&self) -> bool {
+        self.flags & (HAS_DST | ALTERNATE) == HAS_DST | ALTERNATE
+    }
+
     pub(super) fn sig_distinct(&self) -> bool {
         self.flags & SIG_DISTINCT != 0
     }
@@ -165,8 +192,8 @@ impl Hot {
 }
 
 /// A run of requests ([`crate::trace::Step::Requests`]) laid out for replaying: per
-/// request a [`Hot`] record, its bytes in one arena and its expected
-/// output's block signature in another, so that a request streams its IV,
+/// request a [`Hot`] record, its bytes in one arena and its block
+/// signatures in another, so that a request streams its IV,
 /// src, expected output and signature from memory (9.25 cache lines for
 /// 256 bytes) and half a line of records, not those bytes in five
 /// allocations of their own, its `Req` record and a pointer to its
@@ -213,10 +240,32 @@ impl Prepared<'_> {
         (h.has_dst() && !h.in_place()).then(|| super::check::known_sig(self.sig(h), h.dst_len as usize))
     }
 
+    /// What request `h`'s src buffer holds once it completed, for the
+    /// canaries of a later request whose dst is that buffer
+    /// (`DriverQueue::placement`): its src, as the block signature of src
+    /// without a zero-padded last word. `None` unless [`Hot::has_src_sig`].
+    ///
+    /// This trusts the device not to have written src, which it may only
+    /// read. A device that does is reported on the requests whose src is
+    /// compared (`check_untouched`: the run's first 4,096, then one in
+    /// 64); until then, a block of a later output that equals what it
+    /// wrote there could be left without its canary. (Reading src's
+    /// signature words back on every request instead cost 41–52 % of the
+    /// tool's requests/s at 1–16 KiB, pair medians 0.59 to 0.48: by then
+    /// src's lines have left this CPU.)
+    pub(super) fn src_known_after(&self, h: &Hot) -> Option<&[u32]> {
+        h.has_src_sig().then(|| {
+            let at = h.sig as usize + h.dst_len.div_ceil(16) as usize;
+            let words = &self.sigs[at..at + h.len.div_ceil(16) as usize];
+            super::check::known_sig(words, h.len as usize)
+        })
+    }
+
     /// Whether no 16-byte block of the expected output of `h` can be in a
-    /// buffer known to hold `known` ([`Prepared::known_after`] of a
-    /// request) at the same place: `known` is another request's of this
-    /// run, covers every block of `h`'s output, and `h` is
+    /// buffer known to hold `known` ([`Prepared::known_after`] or
+    /// [`Prepared::src_known_after`] of a request) at the same place:
+    /// `known` is a signature of this run other than `h`'s expected
+    /// output's, covers every block of that output, and `h` is
     /// [`SIG_DISTINCT`]. Then no block needs a canary, and the two
     /// signatures are not read ([`super::check::canary_where_same`]
     /// compares them word by word: 8 KiB per 16 KiB request).
@@ -326,13 +375,18 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
     pub(super) fn expected(r: &Req) -> Option<&[u8]> {
         r.dst.as_deref().filter(|_| r.status == ExpectStatus::Ok)
     }
+    let alternates = |r: &Req| !r.in_place && r.src.len() >= ALTERNATE_MIN_LEN;
+    // The block signatures of src too, where a later request's dst may be
+    // this one's src buffer (`Prepared::src_known_after`).
+    let src_sig = |r: &Req| expected(r).is_some() && alternates(r);
     let (size, words) = reqs.iter().fold((0, 0), |(size, words), r| {
         let d = expected(r).map_or(0, <[u8]>::len);
+        let s = if src_sig(r) { r.src.len() } else { 0 };
         (
             size + r.iv.len().next_multiple_of(16)
                 + r.src.len().next_multiple_of(16)
                 + d.next_multiple_of(16),
-            words + d.div_ceil(16),
+            words + d.div_ceil(16) + s.div_ceil(16),
         )
     });
     // (Checked before mapping: a run too large gets that error.)
@@ -347,6 +401,9 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
         let dst = want.unwrap_or_default();
         let sig = fit(sigs.len())?;
         sigs.extend(block_signature(dst));
+        if src_sig(r) {
+            sigs.extend(block_signature(&r.src));
+        }
         let mut put = |bytes: &[u8]| {
             let at = fit(filled / 16);
             arena[filled..filled + bytes.len()].copy_from_slice(bytes);
@@ -359,7 +416,8 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
             | if want.is_some() { HAS_DST } else { 0 }
             | if r.alg_chain.is_some() { ALG_CHAIN } else { 0 }
             | if r.queue.is_some() { HAS_QUEUE } else { 0 }
-            | if key == prev { SAME_HEADER } else { 0 };
+            | if key == prev { SAME_HEADER } else { 0 }
+            | if alternates(r) { ALTERNATE } else { 0 };
         prev = key;
         hot.push(Hot {
             iv,
@@ -385,16 +443,18 @@ pub(super) fn prepare(reqs: &[Req]) -> Result<Prepared<'_>, Error> {
 }
 
 /// Sets [`SIG_DISTINCT`] on the requests with [`HAS_DST`], not ending in a
-/// block of 1 to 3 bytes, whose block signature shares no word at the
-/// same block index with another request's (`sigs`: the run's signature
-/// arena; the words of every output count). Sorts (index, word)
-/// keys: 16 bytes and O(n log n) per word, once per run of requests; a run
-/// of over [`DISTINCT_MAX_WORDS`] words is left unmarked.
+/// block of 1 to 3 bytes, whose expected output's block signature shares
+/// no word at the same block index with another request's output or with
+/// any src signature (`sigs`: the run's signature arena, every word of
+/// which counts). Sorts (index, word) keys: 16 bytes and O(n log n) per
+/// word, once per run of requests; a run of over [`DISTINCT_MAX_WORDS`]
+/// words is left unmarked.
 fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
     if sigs.len() > DISTINCT_MAX_WORDS {
         return;
     }
-    let mut keys: Vec<(u64, u32)> = Vec::with_capacity(sigs.len());
+    // Each key's owner: 2 * request for an output's word, + 1 for a src's.
+    let mut keys: Vec<(u64, u64)> = Vec::with_capacity(sigs.len());
     for (i, h) in hot.iter_mut().enumerate() {
         if !h.has_dst() {
             continue;
@@ -402,17 +462,23 @@ fn mark_distinct(hot: &mut [Hot], sigs: &[u32]) {
         if !super::check::short_last_block(h.dst_len as usize) {
             h.flags |= SIG_DISTINCT;
         }
-        keys.extend(
-            h.sig_in(sigs)
-                .iter()
-                .enumerate()
-                .map(|(j, &w)| (((j as u64) << 32) | u64::from(w), i as u32)),
-        );
+        let out = h.dst_len.div_ceil(16) as usize;
+        let words = out
+            + if h.has_src_sig() {
+                h.len.div_ceil(16) as usize
+            } else {
+                0
+            };
+        let at = h.sig as usize;
+        keys.extend(sigs[at..at + words].iter().enumerate().map(|(j, &w)| {
+            let (index, of_src) = if j < out { (j, 0) } else { (j - out, 1) };
+            (((index as u64) << 32) | u64::from(w), 2 * i as u64 + of_src)
+        }));
     }
     keys.sort_unstable();
     for same in keys.chunk_by(|a, b| a.0 == b.0).filter(|g| g.len() > 1) {
-        for &(_, i) in same {
-            hot[i as usize].flags &= !SIG_DISTINCT;
+        for &(_, owner) in same.iter().filter(|(_, owner)| owner % 2 == 0) {
+            hot[(owner / 2) as usize].flags &= !SIG_DISTINCT;
         }
     }
 }
@@ -605,5 +671,64 @@ mod tests {
         assert_eq!(p.known_after(&h[3]), None);
         assert_eq!(p.known_after(&h[8]), Some(&p.sig(&h[8])[..1]));
         assert_eq!(p.known_after(&h[9]), Some(p.sig(&h[9])));
+    }
+
+    #[test]
+    fn alternating_requests_keep_their_src_signature_and_count_it_against_outputs() {
+        // 1 KiB of 16-byte blocks, block k starting with four bytes k + f.
+        let data = |f: u8| -> Vec<u8> {
+            (0..1024)
+                .map(|i| if i % 16 < 4 { (i / 16) as u8 + f } else { 0 })
+                .collect()
+        };
+        let word = |k: u8| u32::from_le_bytes([k; 4]);
+        let req = |line: usize, src: Vec<u8>, dst: Vec<u8>, status: ExpectStatus, in_place: bool| Req {
+            line,
+            session: Some("s".into()),
+            session_id: None,
+            opcode: Dir::Encrypt,
+            iv: vec![0; 16],
+            src,
+            queue: None,
+            status,
+            dst: Some(dst),
+            alg_chain: None,
+            in_place,
+        };
+        let reqs = [
+            // Alternates; its output (blocks 100..) is like no other
+            // output or src at its place: distinct.
+            req(1, data(0), data(100), ExpectStatus::Ok, false),
+            // In place, 256 bytes out of place, an expected error: none
+            // alternates with a src signature.
+            req(2, data(1), data(101), ExpectStatus::Ok, true),
+            req(
+                3,
+                data(2)[..256].to_vec(),
+                data(102)[..256].to_vec(),
+                ExpectStatus::Ok,
+                false,
+            ),
+            req(4, data(3), data(103), ExpectStatus::Err, false),
+            // Its output is request 1's src: not distinct.
+            req(5, data(4), data(0), ExpectStatus::Ok, false),
+        ];
+        let p = prepare(&reqs).unwrap();
+        let h = &p.hot;
+        let alternates: Vec<bool> = h.iter().map(|h| h.alternates()).collect();
+        assert_eq!(alternates, [true, false, false, true, true]);
+        let src_words: Vec<u32> = (0..64).map(word).collect();
+        assert_eq!(p.src_known_after(&h[0]), Some(&src_words[..]));
+        for (i, h) in h.iter().enumerate().take(4).skip(1) {
+            assert_eq!(p.src_known_after(h), None, "{i}");
+        }
+        let distinct: Vec<bool> = h.iter().map(|h| h.sig_distinct()).collect();
+        assert_eq!(distinct, [true, true, true, false, false]);
+        // Request 5's src against request 1's output: different in every
+        // block.
+        let src5 = p.src_known_after(&h[4]).unwrap();
+        assert!(p.differs_everywhere(src5, &h[0]));
+        // Not when the src covers only some of the output's blocks.
+        assert!(!p.differs_everywhere(&src5[..63], &h[0]));
     }
 }

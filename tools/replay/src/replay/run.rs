@@ -13,13 +13,14 @@ use vhost_user_crypto::wire::virtio_crypto::{
 };
 
 use super::check::{
-    canary_where_same, dst_guard, in_hash_sample, put_status_area, src_checked, DST_CANARY, GUARD_LEN,
+    canary_where_same, data_buffers, dst_guard, in_hash_sample, put_status_area, src_checked, DST_CANARY,
+    GUARD_LEN,
 };
 use super::prepared::{request_header, Prepared};
 use super::report::{Mismatch, Outcome, Report};
 use super::threads::Ctl;
 use super::ReplayOptions;
-use crate::frontend::{DriverQueue, Error, Used, DIGEST_AREA};
+use crate::frontend::{DriverQueue, Error, Placement, Used, DIGEST_AREA};
 use crate::trace::{AlgChainSession, Dir, Req};
 
 pub(super) const MAX_REPORTED: usize = 10;
@@ -37,6 +38,12 @@ pub(super) struct InFlight {
     pub(super) seq: u64,
     pub(super) idx: u32,
     pub(super) timed: bool,
+    /// Its placement is [`Placement::Swapped`].
+    pub(super) swapped: bool,
+    /// It alternates between its buffer set's data buffers
+    /// ([`DriverQueue::placement`]): the set's next request, if it
+    /// alternates too, writes its src where this one's output is.
+    pub(super) alternating: bool,
 }
 const _: () = assert!(std::mem::size_of::<Option<InFlight>>() == 16);
 
@@ -69,10 +76,12 @@ pub(super) struct Run<'a> {
     /// The run of requests being replayed (all requests in flight are
     /// its: each run ends drained).
     pub(super) cur: Option<&'a Prepared<'a>>,
-    /// Per queue and buffer set: the block signature of the output its dst
-    /// buffer is known to hold (the expected output of the last request
-    /// checked there and found right), or None when not known.
-    pub(super) dst_known: Vec<Vec<Option<&'a [u32]>>>,
+    /// Per queue, buffer set and data buffer ([`data_buffers`]): the
+    /// block signature of what the buffer is known to hold (the expected
+    /// output of the last request checked there and found right, or the
+    /// src of the last out-of-place request that read it), or None when
+    /// not known.
+    pub(super) dst_known: Vec<Vec<[Option<&'a [u32]>; 2]>>,
     pub(super) seq: u64,
     /// Completions per status byte (turned into `status_counts` at the end).
     pub(super) status_counts: [u64; 256],
@@ -228,8 +237,7 @@ impl<'a> Run<'a> {
                 // is that request only with one queue; with several it is a
                 // guess, and a hint either way.
                 let dq = &self.queues[q];
-                if let Some(b) = dq.set_ahead(PREFETCH_AHEAD as u16) {
-                    let l = dq.set_layout(b);
+                if let Some(l) = dq.layout_ahead(PREFETCH_AHEAD as u16, next.alternates()) {
                     dq.mem().prefetch_write(l.src, next.len as usize);
                     dq.mem().prefetch_write_byte(l.iv);
                 }
@@ -253,7 +261,11 @@ impl<'a> Run<'a> {
             let alg_chain = p.alg_chain(i, h);
             let digest_len = alg_chain.map_or(0, |c| c.digest_len);
             let dq = &mut self.queues[q];
-            let l = dq.set_layout(b);
+            let alternating = h.alternates() && dq.swaps();
+            let placement = dq.placement(slot, h.in_place(), alternating);
+            let swapped = placement == Placement::Swapped;
+            let l = dq.set_layout(b).swapped_if(swapped);
+            let (src_buf, dst_buf) = data_buffers(l);
             let mem = dq.mem();
             mem.write_array_if_changed(l.hdr, &hdr);
             mem.write(l.iv, p.iv(h));
@@ -261,10 +273,12 @@ impl<'a> Run<'a> {
             if let Some(g) = dst_guard(l, h.len, h.in_place()) {
                 mem.fill(g, GUARD_LEN, DST_CANARY);
             }
+            // Not known again until this request is checked.
+            let known = &mut self.dst_known[q][b];
+            known[src_buf] = None;
             if !h.in_place() {
                 let n = h.len as usize;
-                // Not known again until this request is checked.
-                let known = self.dst_known[q][b].take();
+                let known = known[dst_buf].take();
                 if h.has_dst() {
                     // Every output byte is compared with the expected one
                     // afterwards. A 16-byte block of dst that may already
@@ -274,9 +288,10 @@ impl<'a> Run<'a> {
                     // the other blocks are left alone: writing them would
                     // pull their lines over to this CPU just before the
                     // backend writes them. When the buffer holds another
-                    // output of this run that covers every block of this
-                    // one, and this one is marked distinct, no block can
-                    // hold its expected bytes (`differs_everywhere`).
+                    // output or a src of this run that covers every block
+                    // of this one, and this one is marked distinct, no
+                    // block can hold its expected bytes
+                    // (`differs_everywhere`).
                     if !known.is_some_and(|k| p.differs_everywhere(k, h)) {
                         canary_where_same(mem, l.dst, known, p.sig(h), (h.dst_len as usize).min(n));
                     }
@@ -290,7 +305,7 @@ impl<'a> Run<'a> {
                 mem.fill(l.digest + n as u64, DIGEST_AREA - n, DST_CANARY);
             }
             put_status_area(mem, l);
-            dq.submit_request_in(slot, b, h.iv_len, h.len, digest_len, h.in_place());
+            dq.submit_request_in(slot, b, h.iv_len, h.len, digest_len, placement);
             let seq = self.seq;
             self.seq += 1;
             if src_checked(seq) {
@@ -310,6 +325,8 @@ impl<'a> Run<'a> {
                 seq,
                 idx: i as u32,
                 timed,
+                swapped,
+                alternating,
             });
             // (set_ahead(0) is None exactly when next_slot() is: the
             // next slot's buffer set is busy.)
