@@ -178,13 +178,13 @@ impl<'a> Run<'a> {
     /// must be as it was. On every request: the IV (whose line follows a
     /// full-length dst, so a write past dst's end lands there; a swapped
     /// dst is followed by src, whose first 16 bytes are compared too
-    /// unless all of src is), the guard
-    /// after a shorter dst or an in-place src ([`dst_guard`]), the bytes
-    /// after the status byte (`after_status_ok`, read with the status) and
-    /// the hash result area past `hash_result_len`. On each of the run's
-    /// first [`SRC_CHECK_ALL`] requests and then on one in
-    /// [`SRC_CHECK_EVERY`] ([`src_checked`]): the request header and src
-    /// (unless the request is in place, where src is dst).
+    /// unless all of src is), the guard after a shorter dst or an
+    /// in-place src ([`dst_guard`]), the bytes after the status byte
+    /// (`after_status_ok`, read with the status) and the hash result area
+    /// past `hash_result_len`. On each of the run's first
+    /// [`SRC_CHECK_ALL`] requests and then on one in [`SRC_CHECK_EVERY`]
+    /// ([`src_checked`]): the request header and src (unless the request
+    /// is in place, where src is dst).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn check_untouched(
         &mut self,
