@@ -16,9 +16,9 @@
 //! * [`fds`]: memfds to share as guest memory;
 //! * [`stats`]: the daemon's stats socket, read as a client.
 //!
-//! `daemon.rs`, `frontend_config.rs` and `skip.rs` use nothing else of
-//! this folder: test crates outside `tests/` include them one by one
-//! (`#[path]`).
+//! `daemon.rs`, `frontend_config.rs`, `skip.rs` and `oracle.rs` use
+//! nothing else of this folder: test crates outside `tests/` include them
+//! one by one (`#[path]`).
 #![allow(dead_code)]
 
 pub mod codes;
