@@ -423,9 +423,7 @@ fn output_matches(dst: &[u8], want: &[u8]) -> bool {
     let mut at = 0;
     while at < dst.len() {
         let end = (at + PREFETCH_MAX).min(dst.len());
-        if let Some(next) = dst.get(end..) {
-            crate::guest_mem::prefetch_for_write(next);
-        }
+        crate::guest_mem::prefetch_for_write(&dst[end..]);
         if dst[at..end] != want[at..end] {
             return false;
         }
